@@ -1,0 +1,51 @@
+"""The Celery app, its queues and every periodic schedule, in one place.
+
+Forecasting never shares a queue with alert delivery: a backlog of forecasts must not delay a page.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+
+app = Celery("runcast")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+QUEUE_FORECASTING = "forecasting"
+QUEUE_ALERTS = "alerts"
+QUEUE_DEFAULT = "default"
+
+app.conf.update(
+    task_queues=[Queue(QUEUE_DEFAULT), Queue(QUEUE_FORECASTING), Queue(QUEUE_ALERTS)],
+    task_default_queue=QUEUE_DEFAULT,
+    task_routes={
+        "forecasting.tasks.*": {"queue": QUEUE_FORECASTING},
+        "alerts.tasks.*": {"queue": QUEUE_ALERTS},
+    },
+    # Every task is idempotent, so a worker that dies mid-task may safely see it again.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_ignore_result=True,
+    task_soft_time_limit=60,
+    task_time_limit=90,
+    broker_connection_retry_on_startup=True,
+    timezone="UTC",
+)
+
+# Every beat entry, with why it exists. `expires` drops a tick that waited longer than its period:
+# the next tick does the same work, so a backlog of stale ticks is pure waste.
+app.conf.beat_schedule = {
+    # The queue is a hint and the database the truth: re-forecast active runs whose debounced task
+    # was lost, and mark runs whose heartbeat stopped as stalled or crashed.
+    "sweep-active-runs": {
+        "task": "forecasting.tasks.sweep_active_runs",
+        "schedule": 60.0,
+        "options": {"expires": 55},
+    },
+}
+app.autodiscover_tasks()

@@ -1,0 +1,73 @@
+"""Forecasts (every one kept, for ETA history and slip) and flags (state changes as rows)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from tracker.models import Run
+
+
+class Forecast(models.Model):
+    class Kind(models.TextChoices):
+        ETA = "eta"
+        LOSS = "loss"
+        DEADLINE = "deadline"
+        SLIP = "slip"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="forecasts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    computed_at = models.DateTimeField(default=timezone.now)
+    # The input it was computed from: recomputing on the same input updates, never duplicates.
+    segment = models.PositiveIntegerField()
+    input_last_step = models.BigIntegerField()
+    # Queryable copies of the ETA's finish times (epoch seconds) for history charts and slip.
+    finish_p10 = models.FloatField(null=True)
+    finish_p50 = models.FloatField(null=True)
+    finish_p90 = models.FloatField(null=True)
+    data = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "kind", "segment", "input_last_step"],
+                name="forecast_unique_input",
+            )
+        ]
+        indexes = [models.Index(fields=["run", "kind", "computed_at"], name="forecast_history_idx")]
+
+
+class Flag(models.Model):
+    """One state change of one condition on one run: the outbox alerts read (healthchecks Flip).
+
+    The current state of (run, kind) is its newest row.
+    """
+
+    class State(models.TextChoices):
+        RAISED = "raised"
+        UPDATED = "updated"
+        RESOLVED = "resolved"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="flags")
+    kind = models.CharField(max_length=32)
+    state = models.CharField(max_length=16, choices=State.choices)
+    previous_state = models.CharField(max_length=16, blank=True)
+    severity = models.FloatField(null=True)
+    explanation = models.TextField()
+    onset_step = models.BigIntegerField(null=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Set when the alerts layer has turned this change into notifications.
+    processed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "kind", "created_at"], name="flag_run_kind_idx"),
+            # The alerts dispatcher scans unprocessed rows oldest first.
+            models.Index(fields=["processed_at", "created_at"], name="flag_outbox_idx"),
+        ]
+        ordering = ["-created_at", "-id"]
+
+    @property
+    def is_open(self) -> bool:
+        return self.state != self.State.RESOLVED

@@ -1,0 +1,294 @@
+"""Load a run's data, run the pure estimators, store forecasts and flag state changes."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from forecasting.estimators.deadline import deadline_risk
+from forecasting.estimators.divergence import detect_divergence
+from forecasting.estimators.eta import EtaForecast, forecast_eta
+from forecasting.estimators.loss import forecast_loss
+from forecasting.estimators.slip import detect_slip
+from forecasting.estimators.stalled import detect_stall
+from forecasting.models import Flag, Forecast
+from tracker import selectors
+from tracker.models import Event, IngestBatch, Run
+from tracker.series import Series
+
+logger = logging.getLogger(__name__)
+
+# A run sends a batch every second or so; forecasting each would be waste. One forecast per
+# run per interval, computed after the interval so it sees everything that arrived meanwhile.
+FORECAST_DEBOUNCE_S = 15
+LOSS_KEYS = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
+# Forecast inputs are thinned to this many points; the estimators bin further themselves.
+MAX_INPUT_POINTS = 200_000
+FLAG_KINDS_FROM_DIVERGENCE = ("nan", "spike", "rise", "oscillation", "regression")
+
+
+@dataclass
+class Condition:
+    """A flag-worthy condition found by one computation."""
+
+    kind: str
+    explanation: str
+    severity: float | None = None
+    onset_step: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def forecast_request(*, run_id: int, immediate: bool = False) -> bool:
+    """Enqueue a debounced forecast of one run; return whether a task was enqueued."""
+    from forecasting.tasks import forecast_run
+
+    if immediate:
+        forecast_run.delay(run_id)
+        return True
+    # cache.add is atomic: of all batches in the window, exactly one enqueues.
+    if not cache.add(f"runcast:forecast-pending:{run_id}", 1, timeout=FORECAST_DEBOUNCE_S):
+        return False
+    forecast_run.apply_async(args=[run_id], countdown=FORECAST_DEBOUNCE_S)
+    return True
+
+
+def loss_key_for(keys: list[str]) -> str | None:
+    return next((k for k in LOSS_KEYS if k in keys), None)
+
+
+def _thin(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
+    if len(series) <= limit:
+        return series
+    idx = np.unique(np.linspace(0, len(series) - 1, limit).astype(np.int64))
+    return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
+
+
+def _thin_keep_nonfinite(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
+    # Thinning must never drop the NaN that is the whole signal.
+    if len(series) <= limit:
+        return series
+    idx = np.linspace(0, len(series) - 1, limit).astype(np.int64)
+    idx = np.union1d(idx, np.flatnonzero(~np.isfinite(series.values)))
+    return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
+
+
+def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
+    """Recompute every forecast of one run and record flag changes. Idempotent."""
+    run = Run.objects.select_related("project", "deadline").filter(pk=run_id).first()
+    if run is None:
+        return []
+    now = now or timezone.now()
+    keys = selectors.series_keys(run=run)
+    loss_key = loss_key_for(keys)
+    progress_key = loss_key or (keys[0] if keys else None)
+    conditions: list[Condition] = []
+    if progress_key is not None:
+        raw = selectors.series_load(run=run, key=progress_key, resolve=False)
+        if len(raw):
+            conditions += _eta_and_deadline(run=run, progress=_thin(raw), now=now)
+            if loss_key is not None:
+                conditions += _loss_and_divergence(run=run, key=loss_key, keys=keys, now=now)
+    return flags_sync(run=run, conditions=conditions, kinds=_managed_kinds(run), now=now)
+
+
+def _managed_kinds(run: Run) -> tuple[str, ...]:
+    # Kinds this computation owns; "stalled"/"crashed" belong to the sweeper.
+    return (*FLAG_KINDS_FROM_DIVERGENCE, "slip", "deadline")
+
+
+def _store(*, run: Run, kind: str, last_step: int, now: datetime, data: dict[str, Any],
+           finish: tuple[float, float, float] | None = None) -> Forecast:
+    p10, p50, p90 = finish if finish else (None, None, None)
+    forecast, _ = Forecast.objects.update_or_create(
+        run=run,
+        kind=kind,
+        segment=run.current_segment,
+        input_last_step=last_step,
+        defaults={
+            "computed_at": now,
+            "data": data,
+            "finish_p10": p10,
+            "finish_p50": p50,
+            "finish_p90": p90,
+        },
+    )
+    return forecast
+
+
+def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Condition]:
+    now_s = now.timestamp()
+    eta = forecast_eta(progress.steps.astype(float), progress.times, run.total_steps, now=now_s)
+    if eta is None:
+        return []
+    last_step = int(progress.steps[-1])
+    finish = (now_s + eta.wall_p10, now_s + eta.wall_p50, now_s + eta.wall_p90)
+    _store(run=run, kind=Forecast.Kind.ETA, last_step=last_step, now=now, data=eta.to_dict(),
+           finish=finish)
+    conditions = _slip_condition(run=run, now=now)
+    if run.deadline is not None:
+        conditions += _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
+    return conditions
+
+
+def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
+    history = list(
+        Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
+        .order_by("computed_at")
+        .values_list("computed_at", "finish_p50")
+    )
+    if len(history) < 2:
+        return []
+    times = np.array([h[0].timestamp() for h in history])
+    finishes = np.array([h[1] for h in history])
+    slip = detect_slip(times, finishes, now=now.timestamp(), tz=run.project.tzinfo)
+    if slip is None or not slip.slipping:
+        return []
+    return [Condition("slip", f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict())]
+
+
+def _deadline_condition(*, run: Run, eta: EtaForecast, last_step: int, now: datetime) -> list[Condition]:
+    assert run.deadline is not None
+    risk = deadline_risk(eta, run.deadline.train_by.timestamp())
+    data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
+    _store(run=run, kind=Forecast.Kind.DEADLINE, last_step=last_step, now=now, data=data)
+    # Below even odds of making it, leads need to hear it; thresholds for alerts live in alerts.
+    if risk.p_on_time >= 0.5:
+        return []
+    text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
+    return [Condition("deadline", text, 1.0 - risk.p_on_time, None, data)]
+
+
+def _loss_and_divergence(*, run: Run, key: str, keys: list[str], now: datetime) -> list[Condition]:
+    series = selectors.series_load(run=run, key=key)
+    if len(series) == 0:
+        return []
+    lr = selectors.series_load(run=run, key="lr") if "lr" in keys else None
+    thin = _thin(series)
+    finite = np.isfinite(thin.values)
+    loss = forecast_loss(
+        thin.steps[finite].astype(float),
+        thin.values[finite],
+        total_steps=run.total_steps,
+        lr_steps=lr.steps.astype(float) if lr is not None and len(lr) else None,
+        lr_values=lr.values if lr is not None and len(lr) else None,
+        target=run.project.targets.get(key),
+    )
+    if loss is not None:
+        _store(run=run, kind=Forecast.Kind.LOSS, last_step=int(series.steps[-1]), now=now,
+               data={**loss.to_dict(), "key": key})
+    return _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+
+
+def _divergence_conditions(*, run: Run, series: Series, keys: list[str], now: datetime) -> list[Condition]:
+    checkpoints = [
+        float(s)
+        for s in Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
+        .order_by("step")
+        .values_list("step", flat=True)
+    ]
+    grad_norms = {}
+    for k in keys:
+        if k.startswith("grad_norm/"):
+            g = _thin(selectors.series_load(run=run, key=k), 20_000)
+            grad_norms[k] = (g.steps.astype(float), g.values)
+    price = float(run.project.gpu_hour_price) if run.project.gpu_hour_price is not None else None
+    flags = detect_divergence(
+        series.steps.astype(float),
+        series.values,
+        times=series.times,
+        checkpoints=checkpoints,
+        grad_norms=grad_norms or None,
+        gpu_count=run.world_size,
+        gpu_hour_price=price,
+        now=now.timestamp(),
+    )
+    return [
+        Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags
+    ]
+
+
+def flags_open(*, run: Run) -> dict[str, Flag]:
+    """The newest row per kind, for the kinds whose newest row is not resolved."""
+    latest: dict[str, Flag] = {}
+    for flag in Flag.objects.filter(run=run).order_by("kind", "-created_at", "-id"):
+        latest.setdefault(flag.kind, flag)
+    return {k: f for k, f in latest.items() if f.is_open}
+
+
+@transaction.atomic
+def flags_sync(
+    *, run: Run, conditions: list[Condition], kinds: tuple[str, ...], now: datetime
+) -> list[Flag]:
+    """Write a Flag row for each change: raised, updated (onset moved) or resolved."""
+    Run.objects.select_for_update().filter(pk=run.pk).first()  # serialise concurrent syncs
+    current = {c.kind: c for c in conditions}
+    open_flags = flags_open(run=run)
+    written = []
+    for kind, cond in current.items():
+        prev = open_flags.get(kind)
+        if prev is not None and prev.onset_step == _int_or_none(cond.onset_step):
+            continue
+        state = Flag.State.RAISED if prev is None else Flag.State.UPDATED
+        written.append(_flag_write(run, cond, state, prev.state if prev else "", now))
+    for kind, prev in open_flags.items():
+        if kind in kinds and kind not in current:
+            cond = Condition(kind, f"{kind} cleared: {prev.explanation}", None, prev.onset_step)
+            written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))
+    return written
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _flag_write(run: Run, cond: Condition, state: str, previous: str, now: datetime) -> Flag:
+    return Flag.objects.create(
+        run=run,
+        kind=cond.kind,
+        state=state,
+        previous_state=previous,
+        severity=cond.severity,
+        explanation=cond.explanation,
+        onset_step=_int_or_none(cond.onset_step),
+        data=cond.data,
+        created_at=now,
+    )
+
+
+def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
+    """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress)."""
+    now = now or timezone.now()
+    run = Run.objects.select_related("project").filter(pk=run_id).first()
+    if run is None or not run.is_active:
+        return []
+    beats = np.array(
+        [
+            t.timestamp()
+            for t in IngestBatch.objects.filter(run=run)
+            .order_by("-received_at")
+            .values_list("received_at", flat=True)[:500]
+        ][::-1]
+    )
+    chunks = list(
+        run.chunks.order_by("-id").values_list("batch__received_at", "max_step")[:500]
+    )[::-1]
+    progress_t = np.array([c[0].timestamp() for c in chunks])
+    progress_s = np.array([float(c[1]) for c in chunks])
+    stall = detect_stall(beats, progress_t, progress_s, now=now.timestamp())
+    conditions = []
+    if stall is not None and stall.stalled:
+        status = Run.Status.CRASHED if stall.kind == "no_heartbeat" else Run.Status.STALLED
+        Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE_STATUSES).update(status=status)
+        conditions.append(Condition("stalled", stall.explanation, stall.silent_s, None, stall.to_dict()))
+    return flags_sync(run=run, conditions=conditions, kinds=("stalled",), now=now)
+
+
+def runs_to_sweep() -> list[int]:
+    return list(Run.objects.filter(status__in=Run.ACTIVE_STATUSES).values_list("pk", flat=True))

@@ -1,0 +1,70 @@
+"""Turn validated request schemas into service inputs, checking what pydantic cannot."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from tracker import limits
+from tracker.api.schemas import BatchIn
+from tracker.services import EventIn, SeriesIn, ServiceError, from_epoch
+
+
+class TooLarge(ServiceError):
+    status = 413
+
+
+def series_from_batch(payload: BatchIn, *, received: float | None = None) -> list[SeriesIn]:
+    if len(payload.metrics) > limits.MAX_KEYS_PER_BATCH:
+        raise TooLarge(
+            f"{len(payload.metrics)} keys exceed MAX_KEYS_PER_BATCH ({limits.MAX_KEYS_PER_BATCH})",
+            field="metrics",
+        )
+    total = sum(len(s.steps) for s in payload.metrics.values())
+    if total > limits.MAX_POINTS_PER_BATCH:
+        raise TooLarge(
+            f"{total} points exceed MAX_POINTS_PER_BATCH ({limits.MAX_POINTS_PER_BATCH})",
+            field="metrics",
+        )
+    now = received if received is not None else time.time()
+    out = []
+    for key, s in payload.metrics.items():
+        n = len(s.steps)
+        if len(s.values) != n:
+            raise ServiceError(
+                f"{len(s.values)} values for {n} steps", field=f"metrics.{key}.values"
+            )
+        if s.times is not None and len(s.times) != n:
+            raise ServiceError(f"{len(s.times)} times for {n} steps", field=f"metrics.{key}.times")
+        steps = np.asarray(s.steps, dtype=np.int64)
+        times = np.full(n, now) if s.times is None else np.asarray(s.times, dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(times))
+        if bad.size:
+            raise ServiceError("time must be a finite number", field=f"metrics.{key}.times[{bad[0]}]")
+        out.append(SeriesIn(key=key, steps=steps, values=np.asarray(s.values, dtype=np.float64), times=times))
+    return out
+
+
+def events_from_batch(payload: BatchIn, *, received: float | None = None) -> list[EventIn]:
+    if len(payload.events) > limits.MAX_EVENTS_PER_BATCH:
+        raise TooLarge(
+            f"{len(payload.events)} events exceed MAX_EVENTS_PER_BATCH "
+            f"({limits.MAX_EVENTS_PER_BATCH})",
+            field="events",
+        )
+    now = received if received is not None else time.time()
+    out = []
+    for i, e in enumerate(payload.events):
+        size = len(json.dumps(e.payload, default=str))
+        if size > limits.MAX_EVENT_PAYLOAD_BYTES:
+            raise TooLarge(
+                f"event payload of {size} bytes exceeds MAX_EVENT_PAYLOAD_BYTES "
+                f"({limits.MAX_EVENT_PAYLOAD_BYTES})",
+                field=f"events[{i}].payload",
+            )
+        out.append(
+            EventIn(kind=e.kind, step=e.step, time=from_epoch(e.time or now), payload=e.payload)
+        )
+    return out

@@ -1,0 +1,115 @@
+"""/api/v1/ ingestion and read endpoints. Views parse, authorise, call one service, respond."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.conf import settings
+from django.http import HttpRequest
+from ninja import Router, Status
+
+from tracker import limits, selectors, services
+from tracker.api.auth import TokenAuth, require_scope
+from tracker.api.parsing import events_from_batch, series_from_batch
+from tracker.api.schemas import BatchIn, BatchOut, ErrorOut, FinishIn, RunCreateIn, RunOut
+from tracker.models import ApiToken, Run
+
+router = Router(auth=TokenAuth(), tags=["runs"])
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut}
+
+
+def _run_out(run: Run) -> RunOut:
+    return RunOut(
+        id=run.public_id,
+        project=run.project.slug,
+        name=run.name,
+        status=run.status,
+        attempt=run.current_segment,
+        segment=run.current_segment,
+        last_step=run.last_step,
+        total_steps=run.total_steps,
+        points=run.points_count,
+        url=f"{settings.SITE_URL}/runs/{run.project.slug}/{run.public_id}/",
+    )
+
+
+def _own_run(token: ApiToken, run_id: str) -> Run:
+    # Another project's run is indistinguishable from a missing one: 404, never 403.
+    run = selectors.run_get(project=token.project, public_id=run_id)
+    if run is None:
+        raise services.NotFound(f"no run {run_id!r} in this project", field="run_id")
+    return run
+
+
+@router.post("/runs", response={200: RunOut, 201: RunOut, **ERRORS}, summary="Create or resume")
+def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
+    """Create a run, or resume it when the id exists (a new segment per process session).
+
+    Idempotent: repeating a create with the same id and session returns the same segment.
+    """
+    token = require_scope(request, ApiToken.Scope.WRITE)
+    if payload.project and payload.project != token.project.slug:
+        raise services.NotFound(f"no project {payload.project!r} for this token", field="project")
+    config_size = len(json.dumps(payload.config, default=str))
+    if config_size > limits.MAX_CONFIG_BYTES:
+        raise services.ServiceError(
+            f"config of {config_size} bytes exceeds MAX_CONFIG_BYTES ({limits.MAX_CONFIG_BYTES})",
+            field="config",
+        )
+    started = services.from_epoch(payload.started_at or time.time())
+    result = services.run_start(
+        project=token.project,
+        public_id=payload.id,
+        session=payload.session,
+        started_at=started,
+        deadline_slug=payload.deadline,
+        fields={
+            "name": payload.name or "",
+            "total_steps": payload.total_steps,
+            "progress_unit": payload.progress_unit,
+            "config": payload.config,
+            "tags": payload.tags,
+            "world_size": payload.world_size,
+            "hosts": payload.hosts,
+        },
+    )
+    result.run.project = token.project
+    return Status(201 if result.created else 200, _run_out(result.run))
+
+
+@router.post("/runs/{run_id}/batches", response={200: BatchOut, **ERRORS}, summary="Send points")
+def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOut:
+    """Metrics in columnar form, events and a heartbeat. A retried (session, seq) is a no-op."""
+    token = require_scope(request, ApiToken.Scope.WRITE)
+    run = _own_run(token, run_id)
+    received = time.time()
+    result = services.batch_ingest(
+        run=run,
+        session=payload.session,
+        seq=payload.seq,
+        series=series_from_batch(payload, received=received),
+        events=events_from_batch(payload, received=received),
+        heartbeat=services.from_epoch(payload.heartbeat) if payload.heartbeat else None,
+    )
+    return BatchOut(accepted=result.accepted, duplicate=result.duplicate)
+
+
+@router.post("/runs/{run_id}/finish", response={200: RunOut, **ERRORS}, summary="Finish a run")
+def run_finish(request: HttpRequest, run_id: str, payload: FinishIn) -> RunOut:
+    token = require_scope(request, ApiToken.Scope.WRITE)
+    run = _own_run(token, run_id)
+    ended = services.from_epoch(payload.time or time.time())
+    return _run_out(services.run_finish(run=run, status=payload.status, ended_at=ended))
+
+
+@router.get("/runs", response={200: list[RunOut], **ERRORS}, summary="List runs")
+def run_list(request: HttpRequest, status: str | None = None) -> list[RunOut]:
+    token = require_scope(request, ApiToken.Scope.READ)
+    return [_run_out(r) for r in selectors.run_list(project=token.project, status=status)]
+
+
+@router.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, summary="Read a run")
+def run_detail(request: HttpRequest, run_id: str) -> RunOut:
+    token = require_scope(request, ApiToken.Scope.READ)
+    return _run_out(_own_run(token, run_id))

@@ -1,0 +1,19 @@
+"""Every ingestion limit in one place. Over a limit the API answers 413 naming it.
+
+The client splits its batches well below these, so a healthy trainer never meets them.
+"""
+
+from __future__ import annotations
+
+# A batch is one transaction; 50k points keeps it under ~100 ms on PostgreSQL.
+MAX_POINTS_PER_BATCH = 50_000
+# The JSON of 50k points with times is ~2.5 MB; 8 MiB leaves room for events and long keys.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+MAX_KEYS_PER_BATCH = 1_000
+MAX_EVENTS_PER_BATCH = 1_000
+MAX_KEY_LENGTH = 200
+# Event payloads and run config are for small facts (a path, an optimizer), not blobs.
+MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
+MAX_CONFIG_BYTES = 256 * 1024
+MAX_TAGS = 64
+MAX_HOSTS = 4_096

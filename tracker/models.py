@@ -1,0 +1,293 @@
+"""The data Runcast tracks: projects, members, tokens, deadlines, runs and what runs send.
+
+Metric points are stored as columnar chunks (one row per key per ingested batch holding packed
+arrays), not one row per point: a 1M-point series is ~1,000 rows that read back in milliseconds,
+and a batch of 10,000 points is a handful of INSERTs. Each chunk keeps its step range and value
+range so charts can draw coarse zoom levels without unpacking every array.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo, available_timezones
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils.timezone import now
+
+
+def validate_timezone(value: str) -> None:
+    if value not in available_timezones():
+        raise ValidationError(f"{value!r} is not an IANA timezone name")
+
+
+class Project(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    # Cost of one GPU for one hour, used to price wasted compute (divergence, stalls).
+    gpu_hour_price = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    currency = models.CharField(max_length=3, default="USD")
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    # Target value per metric key, e.g. {"val_loss": 3.28}: forecasts say when it is reached.
+    targets = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=now)
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def tzinfo(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_unique_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+    @property
+    def can_edit(self) -> bool:
+        return self.role in (self.Role.OWNER, self.Role.MEMBER)
+
+
+class ApiToken(models.Model):
+    """A project-scoped bearer token. Only its prefix (for lookup) and a hash are stored.
+
+    Tokens are 32 random bytes, so a plain SHA-256 is enough: there is nothing to brute-force
+    that a slow hash would protect (unlike passwords).
+    """
+
+    class Scope(models.TextChoices):
+        WRITE = "write", "write (ingest)"
+        READ = "read", "read"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.WRITE)
+    prefix = models.CharField(max_length=16, unique=True)
+    hashed = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} (rc_{self.prefix}_…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Deadline(models.Model):
+    """A named cutoff (e.g. a conference's blind-evaluation submission) that runs aim at.
+
+    `buffer` is the work that must follow training (evaluation, packaging): training must end by
+    cutoff - buffer.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="deadlines")
+    slug = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    cutoff = models.DateTimeField()
+    # The zone the cutoff was announced in, so it is shown as announced and in the viewer's zone.
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    buffer = models.DurationField(default=timedelta(0))
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "slug"], name="deadline_unique_slug")
+        ]
+        ordering = ["cutoff"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def train_by(self) -> datetime:
+        return self.cutoff - self.buffer
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FINISHED = "finished"
+        FAILED = "failed"
+        CRASHED = "crashed"
+        STALLED = "stalled"
+
+    class Unit(models.TextChoices):
+        STEPS = "steps"
+        TOKENS = "tokens"
+        SAMPLES = "samples"
+
+    ACTIVE_STATUSES = (Status.RUNNING, Status.STALLED)
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
+    # Public id: supplied by the client so a restarted job resumes the same run.
+    public_id = models.CharField(max_length=64)
+    name = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    started_at = models.DateTimeField(default=now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(default=now)
+    total_steps = models.BigIntegerField(null=True, blank=True)
+    progress_unit = models.CharField(max_length=16, choices=Unit.choices, default=Unit.STEPS)
+    config = models.JSONField(default=dict, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    world_size = models.PositiveIntegerField(null=True, blank=True)
+    hosts = models.JSONField(default=list, blank=True)
+    deadline = models.ForeignKey(
+        Deadline, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    # Summary fields kept up to date on every write so list pages never scan points.
+    last_step = models.BigIntegerField(null=True, blank=True)
+    current_segment = models.PositiveIntegerField(default=0)
+    points_count = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "public_id"], name="run_unique_public_id")
+        ]
+        indexes = [
+            # The sweeper and the board list a project's active runs.
+            models.Index(fields=["status", "last_seen_at"], name="run_status_seen_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or self.public_id
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE_STATUSES
+
+    @property
+    def progress(self) -> float | None:
+        if not self.total_steps or self.last_step is None:
+            return None
+        return max(0.0, min(1.0, self.last_step / self.total_steps))
+
+
+class RunSegment(models.Model):
+    """One attempt of a run: a process that logged to it (the first start, then each resume).
+
+    A resume from an earlier checkpoint makes steps go back; points carry their segment so the
+    rollback and the progress it lost stay visible, and the latest segment wins when plotting.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="segments")
+    number = models.PositiveIntegerField()
+    session = models.CharField(max_length=64)
+    started_at = models.DateTimeField(default=now)
+    # First progress step logged in this segment and the furthest step of the one before.
+    first_step = models.BigIntegerField(null=True, blank=True)
+    previous_last_step = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="segment_unique_number"),
+            models.UniqueConstraint(fields=["run", "session"], name="segment_unique_session"),
+        ]
+        ordering = ["run", "number"]
+
+    @property
+    def lost_steps(self) -> int:
+        if self.first_step is None or self.previous_last_step is None:
+            return 0
+        return max(0, self.previous_last_step - self.first_step)
+
+
+class IngestBatch(models.Model):
+    """One accepted batch. Its (run, session, seq) key makes a retried batch change nothing."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
+    session = models.CharField(max_length=64)
+    seq = models.BigIntegerField()
+    received_at = models.DateTimeField(default=now)
+    points = models.PositiveIntegerField(default=0)
+    # The client's heartbeat clock, so stall detection knows the run's usual interval.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "session", "seq"], name="batch_unique_seq")
+        ]
+        indexes = [models.Index(fields=["run", "received_at"], name="batch_run_received_idx")]
+
+
+class MetricChunk(models.Model):
+    """Packed points of one key from one batch: little-endian int64 steps, float64 values and
+    float64 epoch-second times. NaN and Inf are stored as they came: a NaN loss is a signal.
+
+    Later telemetry (per-rank step times `rank/<r>/step_ms`, GPU samples `gpu/<i>/util`) is
+    metric keys too, so it shares this storage and its downsampling.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
+    batch = models.ForeignKey(IngestBatch, on_delete=models.CASCADE, related_name="chunks")
+    key = models.CharField(max_length=200)
+    segment = models.PositiveIntegerField()
+    n = models.PositiveIntegerField()
+    first_step = models.BigIntegerField()
+    last_step = models.BigIntegerField()
+    min_step = models.BigIntegerField()
+    max_step = models.BigIntegerField()
+    # Over finite values only; null when the chunk holds none.
+    min_value = models.FloatField(null=True)
+    max_value = models.FloatField(null=True)
+    nonfinite = models.PositiveIntegerField(default=0)
+    steps = models.BinaryField()
+    values = models.BinaryField()
+    times = models.BinaryField()
+
+    class Meta:
+        indexes = [
+            # Serves "all chunks of one key of one run in order" (charts, forecasts).
+            models.Index(fields=["run", "key", "segment", "min_step"], name="chunk_series_idx"),
+        ]
+
+
+class Event(models.Model):
+    class Kind(models.TextChoices):
+        CHECKPOINT = "checkpoint"
+        EVAL = "eval"
+        RESUME = "resume"
+        RESTART = "restart"
+        LR_CHANGE = "lr_change"
+        ARCH_CHANGE = "arch_change"
+        CUSTOM = "custom"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    batch = models.ForeignKey(
+        IngestBatch, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    step = models.BigIntegerField(null=True, blank=True)
+    time = models.DateTimeField()
+    segment = models.PositiveIntegerField(default=0)
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "kind", "time"], name="event_run_kind_idx")]
+        ordering = ["time", "id"]
+

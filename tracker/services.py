@@ -1,0 +1,282 @@
+"""Writes to tracked data. Each service is keyword-only, typed and atomic."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from django.db import IntegrityError, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from tracker import tokens
+from tracker.models import (
+    ApiToken,
+    Deadline,
+    Event,
+    IngestBatch,
+    MetricChunk,
+    Project,
+    Run,
+    RunSegment,
+)
+from tracker.series import pack_floats, pack_steps
+from tracker.signals import run_finished, run_ingested
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """A request that cannot be carried out; `field` names the offending input."""
+
+    status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+@dataclass(frozen=True)
+class SeriesIn:
+    """One key's points of a batch, already validated and converted."""
+
+    key: str
+    steps: np.ndarray
+    values: np.ndarray
+    times: np.ndarray
+
+
+@dataclass(frozen=True)
+class EventIn:
+    kind: str
+    step: int | None
+    time: datetime
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicate: bool
+
+
+def from_epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def token_create(*, project: Project, name: str, scope: str, created_by: Any = None) -> str:
+    """Create a token and return it in full: the only time it is ever visible."""
+    full, prefix, hashed = tokens.generate()
+    ApiToken.objects.create(
+        project=project, name=name, scope=scope, prefix=prefix, hashed=hashed, created_by=created_by
+    )
+    return full
+
+
+def token_revoke(*, token: ApiToken) -> None:
+    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def token_authenticate(*, raw: str) -> ApiToken | None:
+    parts = tokens.parse(raw)
+    if parts is None:
+        return None
+    token = (
+        ApiToken.objects.select_related("project")
+        .filter(prefix=parts.prefix, revoked_at__isnull=True)
+        .first()
+    )
+    if token is None or not tokens.matches(parts.secret, token.hashed):
+        return None
+    now = timezone.now()
+    # Written at most once a minute: a hot ingest loop must not update this row per batch.
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStart:
+    run: Run
+    segment: RunSegment
+    created: bool
+
+
+@transaction.atomic
+def run_start(
+    *,
+    project: Project,
+    public_id: str,
+    session: str,
+    started_at: datetime,
+    fields: dict[str, Any],
+    deadline_slug: str | None = None,
+) -> RunStart:
+    """Create a run, or resume it as a new segment. Idempotent on (run id, session)."""
+    deadline = None
+    if deadline_slug:
+        deadline = Deadline.objects.filter(project=project, slug=deadline_slug).first()
+        if deadline is None:
+            raise ServiceError(f"no deadline {deadline_slug!r} in this project", field="deadline")
+    run, created = Run.objects.select_for_update().get_or_create(
+        project=project,
+        public_id=public_id,
+        defaults={**fields, "deadline": deadline, "started_at": started_at},
+    )
+    existing = run.segments.filter(session=session).first()
+    if existing is not None:
+        return RunStart(run=run, segment=existing, created=False)
+    if not created:
+        _run_update_on_resume(run=run, fields=fields, deadline=deadline)
+    return RunStart(run=run, segment=_segment_open(run=run, session=session), created=created)
+
+
+def _run_update_on_resume(*, run: Run, fields: dict[str, Any], deadline: Deadline | None) -> None:
+    # A resumed job may change its plan (more steps, another deadline); keep what it omits.
+    for name, value in fields.items():
+        if value not in (None, "", [], {}):
+            setattr(run, name, value)
+    if deadline is not None:
+        run.deadline = deadline
+    run.status = Run.Status.RUNNING
+    run.ended_at = None
+    run.last_seen_at = timezone.now()
+    run.save()
+
+
+def _segment_open(*, run: Run, session: str) -> RunSegment:
+    number = run.current_segment + 1
+    segment = RunSegment.objects.create(
+        run=run, number=number, session=session, previous_last_step=run.last_step
+    )
+    # The new segment's steps start over: last_step follows the newest segment.
+    Run.objects.filter(pk=run.pk).update(current_segment=number, last_step=None)
+    run.current_segment, run.last_step = number, None
+    return segment
+
+
+def _segment_for_session(*, run: Run, session: str) -> RunSegment:
+    segment = run.segments.filter(session=session).first()
+    if segment is not None:
+        return segment
+    # A batch from a process whose create call never arrived (e.g. replayed from a spool):
+    # accept its data as a new segment rather than lose it.
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    return _segment_open(run=run, session=session)
+
+
+def batch_ingest(
+    *,
+    run: Run,
+    session: str,
+    seq: int,
+    series: list[SeriesIn],
+    events: list[EventIn],
+    heartbeat: datetime | None,
+) -> IngestResult:
+    """Store one batch exactly once. A retry of the same (session, seq) changes nothing."""
+    points = sum(int(s.steps.size) for s in series)
+    try:
+        with transaction.atomic():
+            batch = IngestBatch.objects.create(
+                run=run, session=session, seq=seq, points=points, heartbeat_at=heartbeat
+            )
+            segment = _segment_for_session(run=run, session=session)
+            _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
+            _events_store(run=run, batch=batch, segment=segment.number, events=events)
+            _run_touch(run=run, segment=segment, series=series, points=points)
+            transaction.on_commit(lambda: run_ingested.send(sender=Run, run_id=run.pk))
+    except IntegrityError:
+        if IngestBatch.objects.filter(run=run, session=session, seq=seq).exists():
+            return IngestResult(accepted=0, duplicate=True)
+        raise
+    return IngestResult(accepted=points, duplicate=False)
+
+
+def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[SeriesIn]) -> None:
+    chunks = []
+    for s in series:
+        if s.steps.size == 0:
+            continue
+        finite = s.values[np.isfinite(s.values)]
+        chunks.append(
+            MetricChunk(
+                run=run,
+                batch=batch,
+                key=s.key,
+                segment=segment,
+                n=int(s.steps.size),
+                first_step=int(s.steps[0]),
+                last_step=int(s.steps[-1]),
+                min_step=int(s.steps.min()),
+                max_step=int(s.steps.max()),
+                min_value=float(finite.min()) if finite.size else None,
+                max_value=float(finite.max()) if finite.size else None,
+                nonfinite=int(s.values.size - finite.size),
+                steps=pack_steps(s.steps),
+                values=pack_floats(s.values),
+                times=pack_floats(s.times),
+            )
+        )
+    MetricChunk.objects.bulk_create(chunks)
+
+
+def _events_store(*, run: Run, batch: IngestBatch, segment: int, events: list[EventIn]) -> None:
+    Event.objects.bulk_create(
+        Event(
+            run=run,
+            batch=batch,
+            kind=e.kind,
+            step=e.step,
+            time=e.time,
+            segment=segment,
+            payload=e.payload,
+        )
+        for e in events
+    )
+
+
+def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points: int) -> None:
+    updates: dict[str, Any] = {"last_seen_at": timezone.now(), "points_count": F("points_count") + points}
+    nonempty = [s.steps for s in series if s.steps.size]
+    if nonempty and segment.number == run.current_segment:
+        top = int(max(int(a.max()) for a in nonempty))
+        updates["last_step"] = Greatest(Coalesce(F("last_step"), Value(top)), Value(top))
+        if segment.first_step is None:
+            low = int(min(int(a.min()) for a in nonempty))
+            RunSegment.objects.filter(pk=segment.pk, first_step__isnull=True).update(first_step=low)
+    # A stalled run that speaks again is running again; a finished one stays finished.
+    Run.objects.filter(pk=run.pk, status=Run.Status.STALLED).update(status=Run.Status.RUNNING)
+    Run.objects.filter(pk=run.pk).update(**updates)
+
+
+@transaction.atomic
+def run_finish(*, run: Run, status: str, ended_at: datetime) -> Run:
+    if status not in (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CRASHED):
+        raise ServiceError(f"cannot finish a run as {status!r}", field="status")
+    changed = Run.objects.filter(pk=run.pk).update(
+        status=status, ended_at=ended_at, last_seen_at=timezone.now()
+    )
+    run.refresh_from_db()
+    if changed:
+        transaction.on_commit(lambda: run_finished.send(sender=Run, run_id=run.pk))
+    return run
