@@ -5,9 +5,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from config.api import api
+from config.views import healthz
 
 urlpatterns = [
     path("api/v1/", api.urls),
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -68,3 +68,7 @@ def test_series_keeps_every_spike_and_reports_nan(client, member, run, django_as
     assert len(data["x"]) <= 500
     assert max(v for v in data["max"] if v is not None) == 40.0
     assert data["nonfinite_steps"] == [40_000]
+
+
+def test_health_endpoint_answers(client):
+    assert client.get("/healthz").json() == {"ok": True}
