@@ -34,7 +34,9 @@ def _field_path(loc: tuple[object, ...] | list[object]) -> str:
 
 @api.exception_handler(ServiceError)
 def _service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
-    return api.create_response(request, {"error": exc.message, "field": exc.field}, status=exc.status)
+    return api.create_response(
+        request, {"error": exc.message, "field": exc.field}, status=exc.status
+    )
 
 
 @api.exception_handler(ValidationError)
@@ -48,7 +50,10 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
 
 @api.exception_handler(AuthenticationError)
 def _auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-    body = {"error": "missing or invalid API token (send Authorization: Bearer rc_…)", "field": None}
+    body = {
+        "error": "missing or invalid API token (send Authorization: Bearer rc_…)",
+        "field": None,
+    }
     return api.create_response(request, body, status=401)
 
 

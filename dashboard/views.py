@@ -37,7 +37,9 @@ def home(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
     run = _run_for_user(request, project, run_id)
     keys = selectors.series_keys(run=run)
-    default = next((k for k in ("loss", "train_loss", "val_loss") if k in keys), keys[0] if keys else "")
+    default = next(
+        (k for k in ("loss", "train_loss", "val_loss") if k in keys), keys[0] if keys else ""
+    )
     context = {"run": run, "keys": keys, "default_key": default}
     return render(request, "dashboard/run.html", context)
 

@@ -36,6 +36,9 @@ class Forecast(models.Model):
         ]
         indexes = [models.Index(fields=["run", "kind", "computed_at"], name="forecast_history_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.kind} forecast of {self.run} at step {self.input_last_step}"
+
 
 class Flag(models.Model):
     """One state change of one condition on one run: the outbox alerts read (healthchecks Flip).
@@ -67,6 +70,9 @@ class Flag(models.Model):
             models.Index(fields=["processed_at", "created_at"], name="flag_outbox_idx"),
         ]
         ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.state} on {self.run}"
 
     @property
     def is_open(self) -> bool:

@@ -103,8 +103,15 @@ def _managed_kinds(run: Run) -> tuple[str, ...]:
     return (*FLAG_KINDS_FROM_DIVERGENCE, "slip", "deadline")
 
 
-def _store(*, run: Run, kind: str, last_step: int, now: datetime, data: dict[str, Any],
-           finish: tuple[float, float, float] | None = None) -> Forecast:
+def _store(
+    *,
+    run: Run,
+    kind: str,
+    last_step: int,
+    now: datetime,
+    data: dict[str, Any],
+    finish: tuple[float, float, float] | None = None,
+) -> Forecast:
     p10, p50, p90 = finish if finish else (None, None, None)
     forecast, _ = Forecast.objects.update_or_create(
         run=run,
@@ -129,8 +136,14 @@ def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Cond
         return []
     last_step = int(progress.steps[-1])
     finish = (now_s + eta.wall_p10, now_s + eta.wall_p50, now_s + eta.wall_p90)
-    _store(run=run, kind=Forecast.Kind.ETA, last_step=last_step, now=now, data=eta.to_dict(),
-           finish=finish)
+    _store(
+        run=run,
+        kind=Forecast.Kind.ETA,
+        last_step=last_step,
+        now=now,
+        data=eta.to_dict(),
+        finish=finish,
+    )
     conditions = _slip_condition(run=run, now=now)
     if run.deadline is not None:
         conditions += _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
@@ -150,10 +163,14 @@ def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
     slip = detect_slip(times, finishes, now=now.timestamp(), tz=run.project.tzinfo)
     if slip is None or not slip.slipping:
         return []
-    return [Condition("slip", f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict())]
+    return [
+        Condition("slip", f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict())
+    ]
 
 
-def _deadline_condition(*, run: Run, eta: EtaForecast, last_step: int, now: datetime) -> list[Condition]:
+def _deadline_condition(
+    *, run: Run, eta: EtaForecast, last_step: int, now: datetime
+) -> list[Condition]:
     assert run.deadline is not None
     risk = deadline_risk(eta, run.deadline.train_by.timestamp())
     data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
@@ -181,12 +198,19 @@ def _loss_and_divergence(*, run: Run, key: str, keys: list[str], now: datetime) 
         target=run.project.targets.get(key),
     )
     if loss is not None:
-        _store(run=run, kind=Forecast.Kind.LOSS, last_step=int(series.steps[-1]), now=now,
-               data={**loss.to_dict(), "key": key})
+        _store(
+            run=run,
+            kind=Forecast.Kind.LOSS,
+            last_step=int(series.steps[-1]),
+            now=now,
+            data={**loss.to_dict(), "key": key},
+        )
     return _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
 
 
-def _divergence_conditions(*, run: Run, series: Series, keys: list[str], now: datetime) -> list[Condition]:
+def _divergence_conditions(
+    *, run: Run, series: Series, keys: list[str], now: datetime
+) -> list[Condition]:
     checkpoints = [
         float(s)
         for s in Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
@@ -209,9 +233,7 @@ def _divergence_conditions(*, run: Run, series: Series, keys: list[str], now: da
         gpu_hour_price=price,
         now=now.timestamp(),
     )
-    return [
-        Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags
-    ]
+    return [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
 
 
 def flags_open(*, run: Run) -> dict[str, Flag]:
@@ -276,9 +298,9 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             .values_list("received_at", flat=True)[:500]
         ][::-1]
     )
-    chunks = list(
-        run.chunks.order_by("-id").values_list("batch__received_at", "max_step")[:500]
-    )[::-1]
+    chunks = list(run.chunks.order_by("-id").values_list("batch__received_at", "max_step")[:500])[
+        ::-1
+    ]
     progress_t = np.array([c[0].timestamp() for c in chunks])
     progress_s = np.array([float(c[1]) for c in chunks])
     stall = detect_stall(beats, progress_t, progress_s, now=now.timestamp())
@@ -286,7 +308,9 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
     if stall is not None and stall.stalled:
         status = Run.Status.CRASHED if stall.kind == "no_heartbeat" else Run.Status.STALLED
         Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE_STATUSES).update(status=status)
-        conditions.append(Condition("stalled", stall.explanation, stall.silent_s, None, stall.to_dict()))
+        conditions.append(
+            Condition("stalled", stall.explanation, stall.silent_s, None, stall.to_dict())
+        )
     return flags_sync(run=run, conditions=conditions, kinds=("stalled",), now=now)
 
 

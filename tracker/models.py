@@ -210,6 +210,9 @@ class RunSegment(models.Model):
         ]
         ordering = ["run", "number"]
 
+    def __str__(self) -> str:
+        return f"{self.run} segment {self.number}"
+
     @property
     def lost_steps(self) -> int:
         if self.first_step is None or self.previous_last_step is None:
@@ -233,6 +236,9 @@ class IngestBatch(models.Model):
             models.UniqueConstraint(fields=["run", "session", "seq"], name="batch_unique_seq")
         ]
         indexes = [models.Index(fields=["run", "received_at"], name="batch_run_received_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run} batch {self.session}/{self.seq}"
 
 
 class MetricChunk(models.Model):
@@ -266,6 +272,9 @@ class MetricChunk(models.Model):
             models.Index(fields=["run", "key", "segment", "min_step"], name="chunk_series_idx"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.key} steps {self.min_step}-{self.max_step} ({self.n} points)"
+
 
 class Event(models.Model):
     class Kind(models.TextChoices):
@@ -291,3 +300,5 @@ class Event(models.Model):
         indexes = [models.Index(fields=["run", "kind", "time"], name="event_run_kind_idx")]
         ordering = ["time", "id"]
 
+    def __str__(self) -> str:
+        return f"{self.kind} at step {self.step}"

@@ -11,9 +11,11 @@ from tracker.series import Series, concat, latest_wins
 
 
 def run_get(*, project: Project, public_id: str) -> Run | None:
-    return Run.objects.select_related("project", "deadline").filter(
-        project=project, public_id=public_id
-    ).first()
+    return (
+        Run.objects.select_related("project", "deadline")
+        .filter(project=project, public_id=public_id)
+        .first()
+    )
 
 
 def run_list(*, project: Project, status: str | None = None) -> QuerySet[Run]:

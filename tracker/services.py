@@ -11,6 +11,7 @@ import numpy as np
 from django.db import IntegrityError, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
+from django.dispatch import Signal
 from django.utils import timezone
 
 from tracker import tokens
@@ -71,6 +72,14 @@ class EventIn:
 class IngestResult:
     accepted: int
     duplicate: bool
+
+
+def _notify(signal: Signal, run_id: int) -> None:
+    # The data is committed: a receiver failing (e.g. the broker is down) must not turn the
+    # client's request into an error it would retry. The periodic sweep catches up later.
+    for receiver, result in signal.send_robust(sender=Run, run_id=run_id):
+        if isinstance(result, Exception):
+            logger.error("receiver %r failed for run %s: %r", receiver, run_id, result)
 
 
 def from_epoch(seconds: float) -> datetime:
@@ -204,7 +213,7 @@ def batch_ingest(
             _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
             _events_store(run=run, batch=batch, segment=segment.number, events=events)
             _run_touch(run=run, segment=segment, series=series, points=points)
-            transaction.on_commit(lambda: run_ingested.send(sender=Run, run_id=run.pk))
+            transaction.on_commit(lambda: _notify(run_ingested, run.pk))
     except IntegrityError:
         if IngestBatch.objects.filter(run=run, session=session, seq=seq).exists():
             return IngestResult(accepted=0, duplicate=True)
@@ -256,7 +265,10 @@ def _events_store(*, run: Run, batch: IngestBatch, segment: int, events: list[Ev
 
 
 def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points: int) -> None:
-    updates: dict[str, Any] = {"last_seen_at": timezone.now(), "points_count": F("points_count") + points}
+    updates: dict[str, Any] = {
+        "last_seen_at": timezone.now(),
+        "points_count": F("points_count") + points,
+    }
     nonempty = [s.steps for s in series if s.steps.size]
     if nonempty and segment.number == run.current_segment:
         top = int(max(int(a.max()) for a in nonempty))
@@ -278,5 +290,5 @@ def run_finish(*, run: Run, status: str, ended_at: datetime) -> Run:
     )
     run.refresh_from_db()
     if changed:
-        transaction.on_commit(lambda: run_finished.send(sender=Run, run_id=run.pk))
+        transaction.on_commit(lambda: _notify(run_finished, run.pk))
     return run

@@ -1,4 +1,4 @@
-"""API token format: `rc_<prefix>_<secret>`. The prefix finds the row; the hash proves the secret."""
+"""API token format `rc_<prefix>_<secret>`: the prefix finds the row, the hash proves the secret."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-TOKEN_PREFIX = "rc"
+TOKEN_PREFIX = "rc"  # noqa: S105 - a public marker, not a secret
 PREFIX_BYTES = 6  # 12 hex chars: unique lookup key, not secret
 SECRET_BYTES = 32
 

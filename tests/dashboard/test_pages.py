@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from tracker.models import Run
-from tracker.services import SeriesIn, batch_ingest, run_start, from_epoch
+from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = pytest.mark.django_db
 
@@ -13,7 +13,10 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def run(project) -> Run:
     started = run_start(
-        project=project, public_id="r1", session="s", started_at=from_epoch(1.7e9),
+        project=project,
+        public_id="r1",
+        session="s",
+        started_at=from_epoch(1.7e9),
         fields={"name": "pretrain", "total_steps": 100_000},
     )
     steps = np.arange(50_000)
@@ -21,9 +24,12 @@ def run(project) -> Run:
     values[31_337] = 40.0  # one spike in 50k points
     values[40_000] = np.nan
     batch_ingest(
-        run=started.run, session="s", seq=1,
+        run=started.run,
+        session="s",
+        seq=1,
         series=[SeriesIn("loss", steps, values, 1.7e9 + steps.astype(float))],
-        events=[], heartbeat=None,
+        events=[],
+        heartbeat=None,
     )
     return started.run
 
@@ -60,7 +66,9 @@ def test_it_hides_a_run_from_an_outsider(client, outsider, run):
     assert client.get("/runs/llm/r1/series.json?key=loss").status_code == 404
 
 
-def test_series_keeps_every_spike_and_reports_nan(client, member, run, django_assert_max_num_queries):
+def test_series_keeps_every_spike_and_reports_nan(
+    client, member, run, django_assert_max_num_queries
+):
     login(client, member)
     with django_assert_max_num_queries(6):
         data = client.get("/runs/llm/r1/series.json?key=loss&buckets=500").json()

@@ -42,8 +42,14 @@ def series_from_batch(payload: BatchIn, *, received: float | None = None) -> lis
         times = np.full(n, now) if s.times is None else np.asarray(s.times, dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(times))
         if bad.size:
-            raise ServiceError("time must be a finite number", field=f"metrics.{key}.times[{bad[0]}]")
-        out.append(SeriesIn(key=key, steps=steps, values=np.asarray(s.values, dtype=np.float64), times=times))
+            raise ServiceError(
+                "time must be a finite number", field=f"metrics.{key}.times[{bad[0]}]"
+            )
+        out.append(
+            SeriesIn(
+                key=key, steps=steps, values=np.asarray(s.values, dtype=np.float64), times=times
+            )
+        )
     return out
 
 

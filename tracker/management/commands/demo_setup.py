@@ -62,9 +62,9 @@ class Command(BaseCommand):
             },
         )
         # Each demo start replaces the previous replay token: old ones are revoked, not reused.
-        ApiToken.objects.filter(project=project, name="demo replay", revoked_at__isnull=True).update(
-            revoked_at=now
-        )
+        ApiToken.objects.filter(
+            project=project, name="demo replay", revoked_at__isnull=True
+        ).update(revoked_at=now)
         token = token_create(project=project, name="demo replay", scope=ApiToken.Scope.WRITE)
         if options.get("token_file"):
             with open(options["token_file"], "w") as fh:

@@ -1,0 +1,168 @@
+"""The real client against the real server (pytest-django's live server, the configured DB)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import runcast
+from runcast.settings import Settings
+
+from tracker import selectors
+from tracker.models import ApiToken, Membership, Project, Run
+from tracker.services import token_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def live_token(django_user_model) -> str:
+    user = django_user_model.objects.create_user("trainer", password="pw-trainer-123")
+    project = Project.objects.create(slug="live", name="Live")
+    Membership.objects.create(project=project, user=user, role=Membership.Role.OWNER)
+    return token_create(project=project, name="t", scope=ApiToken.Scope.WRITE)
+
+
+def fast_settings(url: str, token: str, spool: Path) -> Settings:
+    return Settings(
+        url=url,
+        token=token,
+        dir=spool,
+        flush_interval=0.05,
+        timeout=2.0,
+        max_retries=2,
+        backoff_base=0.05,
+        backoff_max=0.2,
+        probe_interval=0.1,
+        probe_interval_max=0.3,
+        finish_timeout=60.0,
+        max_queue=1_000_000,
+    )
+
+
+def stored(run_id: str, key: str) -> np.ndarray:
+    run = Run.objects.get(public_id=run_id)
+    return selectors.series_load(run=run, key=key, resolve=False).steps
+
+
+def test_it_stores_100k_points_exactly_once(live_server, live_token, tmp_path):
+    settings = fast_settings(live_server.url, live_token, tmp_path)
+    run = runcast.init(
+        project="live", name="big", id="big-1", total_steps=50_000, settings=settings
+    )
+    for step in range(50_000):
+        run.log({"loss": 1.0 / (step + 1), "lr": 3e-4}, step=step)
+    run.finish()
+    for key in ("loss", "lr"):
+        steps = stored("big-1", key)
+        assert steps.size == 50_000
+        assert np.array_equal(np.sort(steps), np.arange(50_000))
+    db_run = Run.objects.get(public_id="big-1")
+    assert (db_run.status, db_run.points_count, db_run.last_step) == ("finished", 100_000, 49_999)
+
+
+class Relay:
+    """A TCP relay in front of the live server that can go down and come back on one port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.listener: socket.socket | None = None
+        self.conns: list[socket.socket] = []
+
+    def up(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        self.listener = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def down(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        for conn in self.conns:
+            conn.close()
+        self.conns.clear()
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def relay(live_server) -> Iterator[Relay]:
+    host, port = live_server.thread.host, live_server.thread.port
+    r = Relay((host, port))
+    r.up()
+    yield r
+    r.down()
+
+
+def test_it_survives_a_server_outage_without_loss_or_duplicates(live_token, relay, tmp_path):
+    settings = fast_settings(f"http://127.0.0.1:{relay.port}", live_token, tmp_path)
+    run = runcast.init(project="live", name="outage", id="outage-1", settings=settings)
+    slowest = 0.0
+    for step in range(30_000):
+        if step == 10_000:
+            time.sleep(0.3)  # let the first part arrive, then take the server away
+            relay.down()
+        if step == 25_000:
+            time.sleep(2.0)  # long enough for retries to give up and spool to disk
+            relay.up()
+        started = time.perf_counter()
+        run.log({"loss": float(step)}, step=step)
+        slowest = max(slowest, time.perf_counter() - started)
+    run.finish()
+    steps = stored("outage-1", "loss")
+    assert steps.size == 30_000, "points lost or duplicated"
+    assert np.array_equal(np.sort(steps), np.arange(30_000))
+    assert Run.objects.get(public_id="outage-1").status == "finished"
+    # A blocking log() would have waited out the retries (seconds) while the server was down.
+    assert slowest < 0.5
+
+
+def test_a_resumed_job_keeps_its_rollback(live_server, live_token, tmp_path):
+    settings = fast_settings(live_server.url, live_token, tmp_path)
+    first = runcast.init(project="live", id="resume-1", total_steps=1000, settings=settings)
+    for step in range(600):
+        first.log({"loss": 2.0}, step=step)
+    first.finish(status="crashed")
+    second = runcast.init(project="live", id="resume-1", total_steps=1000, settings=settings)
+    for step in range(500, 1000):
+        second.log({"loss": 1.0}, step=step)
+    second.finish()
+    run = Run.objects.get(public_id="resume-1")
+    assert (run.status, run.current_segment, run.last_step) == ("finished", 2, 999)
+    assert run.segments.get(number=2).lost_steps == 99
+    plotted = selectors.series_load(run=run, key="loss")
+    assert plotted.steps.tolist() == list(range(1000))
