@@ -111,6 +111,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # The embedded broker: messages are files in var/broker, so no server is needed.
     _broker_dir = VAR_DIR / "broker"
+    # kombu's filesystem transport fails on a missing folder rather than creating it.
+    (_broker_dir / "processed").mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),

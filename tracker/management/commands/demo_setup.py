@@ -1,4 +1,7 @@
-"""Create (idempotently) the demo user, project, deadlines and a write token for the replay."""
+"""Create (idempotently) the demo user, project, deadlines and a write token for the replay.
+
+The demo project's runs are reset on every start.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from tracker.models import ApiToken, Deadline, Membership, Project
+from tracker.models import ApiToken, Deadline, Membership, Project, Run
 from tracker.services import token_create
 
 DEMO_USER = "demo"
@@ -40,6 +43,9 @@ class Command(BaseCommand):
             project=project, user=user, defaults={"role": Membership.Role.OWNER}
         )
         now = timezone.now()
+        # The replay starts every demo run from scratch: clear the previous start's runs so
+        # the board does not show them resumed from step 0 as a rollback.
+        Run.objects.filter(project=project).delete()
         # Cutoffs relative to now so the board always shows runs racing a live deadline.
         Deadline.objects.update_or_create(
             project=project,

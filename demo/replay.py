@@ -1,0 +1,137 @@
+"""Replay real training logs through the real `runcast` client, so the demo shows real runs.
+
+Each run's history up to a chosen fraction is sent at once with its original pacing mapped onto
+the recent past; the rest is logged live at the run's own pace. Usage:
+    RUNCAST_URL=... RUNCAST_TOKEN=... python demo/replay.py demo/data
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import runcast
+
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+log = logging.getLogger("demo.replay")
+
+
+@dataclass(frozen=True)
+class Plan:
+    file_prefix: str
+    run_id: str
+    name: str
+    now_fraction: float  # how much of the run has happened "now"; 1.0 = already finished
+    deadline: str | None
+    world_size: int | None  # only where the source documents it
+    tags: tuple[str, ...]
+
+
+PLANS = (
+    Plan("modded-nanogpt__track_1_short-2024-10-20_ScaleUp1B", "nanogpt-1b-scaleup",
+         "GPT-2 1.5B speedrun (8×H100)", 0.55, "blind-eval", 8, ("nanogpt", "1.5b")),
+    Plan("megatron-lm__deepseekv3_proxy", "dsv3-proxy-h100",
+         "DeepSeek-V3 proxy convergence (Megatron, H100)", 0.40, "release", None, ("megatron",)),
+    Plan("megatron-lm__bert_release", "bert-release-h100",
+         "BERT release convergence (Megatron, H100)", 1.0, None, None, ("megatron", "bert")),
+    Plan("parameter-golf__track_10min_16mb-2026-03-17_NaiveBaseline", "param-golf-baseline",
+         "Parameter golf naive baseline (10 min cap)", 1.0, None, 8, ("parameter-golf",)),
+)
+
+
+@dataclass
+class Row:
+    step: int
+    t: float  # seconds since the start, monotone
+    train_loss: float | None
+    val_loss: float | None
+
+
+def _num(text: str) -> float | None:
+    if not text:
+        return None
+    value = float(text)
+    return None if math.isnan(value) else value
+
+
+def load(path: Path) -> tuple[list[Row], int | None]:
+    rows: list[Row] = []
+    total: int | None = None
+    offset = prev_raw = prev_step = 0.0
+    clock = 0.0
+    with path.open() as fh:
+        for rec in csv.DictReader(fh):
+            step = int(float(rec["step"]))
+            total = int(float(rec["total_steps"])) if rec["total_steps"] else total
+            elapsed, step_ms = _num(rec["elapsed_s"]), _num(rec["step_ms"])
+            if elapsed is not None:
+                # Some logs reset their timer (e.g. after compile warm-up): keep time monotone.
+                if elapsed < prev_raw:
+                    offset += prev_raw
+                prev_raw = elapsed
+                clock = offset + elapsed
+            elif step_ms is not None:
+                # step_ms is the mean over the steps since the previous row.
+                clock += step_ms / 1000.0 * max(1.0, step - prev_step)
+            prev_step = step
+            rows.append(Row(step, clock, _num(rec["train_loss"]), _num(rec["val_loss"])))
+    return rows, total
+
+
+def _metrics(row: Row) -> dict[str, float]:
+    out = {}
+    if row.train_loss is not None:
+        out["loss"] = row.train_loss
+    if row.val_loss is not None:
+        out["val_loss"] = row.val_loss
+    return out
+
+
+def replay(plan: Plan, path: Path) -> None:
+    rows, total = load(path)
+    split = next(
+        (i for i, r in enumerate(rows) if r.step >= plan.now_fraction * rows[-1].step), len(rows)
+    )
+    if plan.now_fraction >= 1.0:
+        split = len(rows)
+    t_now = rows[min(split, len(rows)) - 1].t
+    base = time.time() - t_now
+    run = runcast.init(
+        name=plan.name, id=plan.run_id, total_steps=total, deadline=plan.deadline,
+        tags=plan.tags, config={"source": path.name},
+    )
+    for row in rows[:split]:
+        if m := _metrics(row):
+            run.log(m, step=row.step, time=base + row.t)
+    log.info("%s: history sent up to step %s", plan.run_id, rows[split - 1].step)
+    for row in rows[split:]:
+        time.sleep(max(0.0, base + row.t - time.time()))
+        if m := _metrics(row):
+            run.log(m, step=row.step)
+    run.finish()
+    log.info("%s: finished", plan.run_id)
+
+
+def main(directory: str) -> None:
+    files = sorted(Path(directory).glob("*.csv"))
+    threads = []
+    for plan in PLANS:
+        path = next((f for f in files if f.name.startswith(plan.file_prefix)), None)
+        if path is None:
+            log.warning("no file for %s", plan.run_id)
+            continue
+        thread = threading.Thread(target=replay, args=(plan, path), name=plan.run_id)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "demo/data")
