@@ -9,7 +9,6 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from dashboard.downsample import minmax_buckets
 from tracker import selectors
 from tracker.models import Run
 
@@ -48,26 +47,41 @@ def _floats(a: np.ndarray) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in a.tolist()]
 
 
+def _float_param(request: HttpRequest, name: str) -> float | None:
+    raw = request.GET.get(name)
+    try:
+        value = float(raw) if raw not in (None, "") else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
 @login_required
 def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
+    """Chart data for one key over the visible step range (zooming asks for finer data)."""
     run = _run_for_user(request, project, run_id)
-    key = request.GET.get("key", "")
     try:
         buckets = max(10, min(MAX_BUCKETS, int(request.GET.get("buckets", 1000))))
     except ValueError:
         buckets = 1000
-    series = selectors.series_load(run=run, key=key)
-    x = series.steps.astype(float)
-    mid, mean, lo, hi = minmax_buckets(x, series.values, buckets=buckets)
-    nan_steps = series.steps[~np.isfinite(series.values)][:1000]
+    view = selectors.series_view(
+        run=run,
+        key=request.GET.get("key", ""),
+        buckets=buckets,
+        x0=_float_param(request, "x0"),
+        x1=_float_param(request, "x1"),
+    )
     return JsonResponse(
         {
-            "key": key,
-            "points": len(series),
-            "x": _floats(mid),
-            "mean": _floats(mean),
-            "min": _floats(lo),
-            "max": _floats(hi),
-            "nonfinite_steps": nan_steps.tolist(),
+            "key": view.key,
+            "points": view.points,
+            "source": view.source,
+            "x_min": view.x_min,
+            "x_max": view.x_max,
+            "x": _floats(view.x),
+            "mean": _floats(view.mean),
+            "min": _floats(view.lo),
+            "max": _floats(view.hi),
+            "nonfinite_steps": view.nonfinite_steps.tolist(),
         }
     )

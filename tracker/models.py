@@ -265,6 +265,8 @@ class MetricChunk(models.Model):
     steps = models.BinaryField()
     values = models.BinaryField()
     times = models.BinaryField()
+    # Per-64-point block summaries (tracker.series.rollup): coarse chart zooms read these.
+    rollup = models.BinaryField(default=b"")
 
     class Meta:
         indexes = [

@@ -25,7 +25,7 @@ from tracker.models import (
     Run,
     RunSegment,
 )
-from tracker.series import pack_floats, pack_steps
+from tracker.series import pack_floats, pack_steps, rollup
 from tracker.signals import run_finished, run_ingested
 
 logger = logging.getLogger(__name__)
@@ -244,6 +244,7 @@ def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[Se
                 steps=pack_steps(s.steps),
                 values=pack_floats(s.values),
                 times=pack_floats(s.times),
+                rollup=rollup(s.steps, s.values),
             )
         )
     MetricChunk.objects.bulk_create(chunks)

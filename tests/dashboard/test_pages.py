@@ -70,7 +70,8 @@ def test_series_keeps_every_spike_and_reports_nan(
     client, member, run, django_assert_max_num_queries
 ):
     login(client, member)
-    with django_assert_max_num_queries(6):
+    # session, user, membership, run, chunk ranges, the NaN's chunk, the rollups: constant.
+    with django_assert_max_num_queries(7):
         data = client.get("/runs/llm/r1/series.json?key=loss&buckets=500").json()
     assert data["points"] == 50_000
     assert len(data["x"]) <= 500
@@ -80,3 +81,22 @@ def test_series_keeps_every_spike_and_reports_nan(
 
 def test_health_endpoint_answers(client):
     assert client.get("/healthz").json() == {"ok": True}
+
+
+def test_series_zoom_reads_raw_points_in_range(client, member, run):
+    login(client, member)
+    data = client.get("/runs/llm/r1/series.json?key=loss&buckets=1000&x0=31000&x1=31500").json()
+    assert data["source"] == "raw"
+    assert data["points"] == 501
+    assert 40.0 in data["max"]
+    assert (data["x_min"], data["x_max"]) == (0, 49_999)
+
+
+def test_series_overview_uses_rollups_and_keeps_the_spike(client, member, run):
+    login(client, member)
+    data = client.get("/runs/llm/r1/series.json?key=loss&buckets=100").json()
+    assert data["source"] == "rollup"
+    assert max(v for v in data["max"] if v is not None) == 40.0
+    assert min(v for v in data["min"] if v is not None) == pytest.approx(
+        3.0 + np.exp(-9.9998), rel=1e-6
+    )
