@@ -5,10 +5,159 @@ Estimators import from here; nothing else in the codebase hard-codes a threshold
 
 from __future__ import annotations
 
-# --- ETA, slip, deadline risk, stall (forecasting/estimators/eta.py, slip.py, deadline.py, stalled.py)
+# --- ETA, slip, deadline risk, stall (estimators eta.py, slip.py, deadline.py, stalled.py)
 # (ETA section: begin)
+# A forecast needs at least two intervals to see a rate and one more to tell noise from it.
+ETA_MIN_POINTS = 3
+# An interval counts as a gap (pause or downtime) when it took this many times longer than its
+# steps should have at the typical pace: slow steps and logging jitter stay well below 4x.
+ETA_GAP_FACTOR = 4.0
+# ... and when the extra time is also this many typical log intervals, so that a run logging
+# every step does not call each slightly late line a gap.
+ETA_GAP_MIN_INTERVALS = 3.0
+# Gaps seen at least this often, of similar size, are the job's own rhythm (eval, checkpoint):
+# their cost is spread over the steps as overhead instead of being modelled as interruptions.
+ETA_RECURRING_MIN_COUNT = 3
+# "Similar size" for recurring pauses: within this factor of their median length. An outage is
+# usually tens of times longer than an eval pause.
+ETA_RECURRING_SPREAD = 5.0
+# Leading rate bins slower than this multiple of the median are warm-up (torch.compile, data
+# loader start, cache fill) and are not used for the rate: compiled steps are 1.5-60x faster.
+ETA_WARMUP_FACTOR = 1.5
+# Warm-up never covers more than this fraction of the history; beyond it the slowness is the rate.
+ETA_WARMUP_MAX_FRACTION = 0.5
+# The rate model works on at most this many equal-work bins, so a million points cost the same
+# as a thousand (binning is a linear pass; everything after it is O(bins)).
+ETA_MAX_BINS = 400
+# The current pace is the mean since the last level shift (whole history when there is none):
+# the longest window that still describes the run averages eval rhythm and slow steps best.
+# A shift needs this many standard errors: at 4 a steady run of 60 bins calls a false shift in
+# well under 1% of forecasts, while a 5% slowdown is caught within a few bins.
+ETA_SHIFT_MIN_T = 4.0
+# Each regime (and the trend fit) needs at least this many bins ...
+ETA_RECENT_MIN_BINS = 4
+# ... except the newest one, so a big shift (a slower batch-size stage, a throttled GPU) is
+# followed after two bins (~2% of the history), as a progress bar's recent rate would.
+ETA_SHIFT_MIN_NEW_BINS = 2
+# The pace trend (seconds per step against progress) is extrapolated at this fraction of its
+# fitted slope: schedules that lengthen steps (sequence/window warm-up) tend to saturate.
+ETA_TREND_DAMPING = 0.5
+# ... and only when the fitted slope is this many standard errors above zero: bin-to-bin noise
+# extrapolated 10x ahead would otherwise dominate the forecast.
+ETA_TREND_MIN_T = 3.0
+# The trend may change the pace by at most this factor over the rest of the run.
+ETA_TREND_MAX_FACTOR = 1.5
+# Log-space spread of the remaining compute time that is always there (clock jitter, final
+# eval, shutdown); 80% intervals narrower than +-5% are not credible for a training job.
+ETA_SIGMA_FLOOR = 0.04
+# Prior log error per unit of extrapolation (remaining work / observed work), used before the
+# run's own back-test says more; weight of that prior in back-test units.
+ETA_SIGMA_PER_RATIO_PRIOR = 0.08
+ETA_SIGMA_PRIOR_WEIGHT = 1.0
+# Cap on that spread: beyond a factor ~3.6 either way (P10..P90) an interval says nothing more.
+ETA_SIGMA_MAX = 1.0
+# Interruption prior: one interruption per three days of wall clock. Large multi-node runs see
+# more (GLM-130B's logbook: ~1 per 2 days; OPT-175B: several per week), the single- and few-node
+# jobs a self-hosted tracker mostly sees far fewer. Worth half an observed event, so that one
+# real interruption outweighs it.
+ETA_PRIOR_INTERRUPTIONS = 0.5
+ETA_PRIOR_INTERRUPTION_EVERY_S = 3 * 24 * 3600.0
+# Prior recovery time (detect, relaunch, reload checkpoint): ~15 min, worth one observation.
+ETA_PRIOR_RECOVERY_S = 900.0
+ETA_PRIOR_RECOVERY_WEIGHT = 1.0
+# Monte Carlo draws for the wall-clock distribution; fixed seed so a forecast is reproducible.
+ETA_MC_SAMPLES = 4000
+ETA_MC_SEED = 20240601
+# Silence after the last point longer than this many usual intervals is treated as downtime
+# already in progress, not as compute.
+ETA_SILENCE_INTERVALS = 3.0
+
+# Slip: the P50 finish moved later by more than this share of the remaining time ...
+SLIP_REL_THRESHOLD = 0.10
+# ... and by at least this many seconds (a 10-min run moving 30 s is not news) ...
+SLIP_MIN_S = 120.0
+# ... within a window of this share of the run's forecast lifetime, clamped to [min, max]:
+# long enough to ignore one noisy forecast, short enough that old slips age out.
+SLIP_WINDOW_FRACTION = 0.25
+SLIP_WINDOW_MIN_S = 600.0
+SLIP_WINDOW_MAX_S = 3 * 24 * 3600.0
+# Needs this many forecasts in the window to call a trend.
+SLIP_MIN_FORECASTS = 3
+
+# Deadline: the probability the plan targets (P90 = on time in 9 of 10 comparable runs).
+DEADLINE_TARGET_P = 0.9
+
+# Stall: silent for more than this many usual intervals ...
+STALL_FACTOR = 5.0
+# ... and at least this long (sub-minute heartbeats jitter with GC pauses and network).
+STALL_MIN_S = 60.0
+# Usual interval = median of the last this-many intervals (recent cadence, not the warm-up).
+STALL_RECENT_INTERVALS = 50
 # (ETA section: end)
 
 # --- Loss trend and divergence (forecasting/estimators/loss.py, divergence.py)
 # (LOSS section: begin)
+# Loss forecast (loss.py)
+LOSS_MIN_POINTS = 3  # fewer finite points cannot even give a level and a direction
+LOSS_MIN_FIT_POINTS = 4  # a 3-parameter curve needs at least one spare point to be checked
+LOSS_FIT_MAX_POINTS = 400  # block medians: keeps 1M-point curves fast and drops lone spikes
+LOSS_LEVEL_WINDOW_FRACTION = 0.05  # smoothed level = robust local line over the last 5% of points
+LOSS_LEVEL_MIN_POINTS = 3  # a line through fewer points is just the last value
+LOSS_LEVEL_MAX_POINTS = 500  # caps the window on dense logs: 500 steps average out batch noise
+LOSS_WARMUP_SEARCH_FRACTION = 0.2  # the warm-up peak (if any) lies in the first 20% of points
+LOSS_FIT_START_FRACTION = 0.02  # the first 2% of steps is warm-up transient, not power law
+# Exponents c of L = a + b * s**-c tried by grid search: loss curves have c in ~0.05..1.5;
+# a grid is robust where a nonlinear optimiser would wander off on a short noisy prefix.
+LOSS_POWER_EXPONENTS = tuple(float(c) for c in (0.03, 0.05, 0.08, 0.12, 0.17, 0.23, 0.3, 0.4,
+                                                 0.5, 0.65, 0.8, 1.0, 1.25, 1.6, 2.0, 2.5, 3.0))
+LOSS_RECENCY_POWER = 1.0  # fit weight grows linearly with step: recent shape matters most
+# Log-log line (pure power law) through the recent loss: fitted on steps >= 25% of the current
+# step, i.e. after the fast early drop whose slope would not continue.
+LOSS_LOGLOG_START_FRACTION = 0.25
+# Up to 3x the current step the line alone is used; further out it overshoots on runs without an
+# anneal, so it is averaged with the a + b*s^-c fit, down to equal weights (10x and beyond).
+LOSS_LOGLOG_FULL_RATIO = 3.0
+LOSS_LOGLOG_MIN_WEIGHT = 0.5
+LOSS_SCHEDULE_GRID = 2048  # uniform step grid for the learning-rate areas S1, S2
+LOSS_ANNEAL_MOMENTUM = 0.999  # lambda of the annealing momentum (Tissue et al. 2024 default)
+LOSS_LR_SLOPE_FRACTION = 0.1  # unlogged future LR continues the slope of the last 10% of steps
+LOSS_TARGET_GRID = 512  # resolution of the search for the step where a target is reached
+LOSS_INTERVAL_Z = 1.2816  # 80% central interval of a normal error
+LOSS_INTERVAL_GAP_SHARE = 0.5  # the unkept part of the extrapolated change is model uncertainty
+LOSS_INTERVAL_REL_PER_LOG_HORIZON = 0.01  # 1% of the loss per e-fold of remaining steps
+# Divergence detection (divergence.py); all on log-loss, windows counted in logged points
+DIV_MIN_POINTS = 5  # below this there is no baseline to compare with (NaN is still flagged)
+DIV_SPIKE_WINDOW = 50  # trailing baseline: long enough to ignore noise, short enough to track
+DIV_SPIKE_MIN_HISTORY = 3  # a baseline from 3 points already exposes a x2 jump (short excerpts)
+DIV_MAD_DIFF_TO_SD = 0.954  # median |x_t - x_t-1| of Gaussian noise = 0.954 sd
+DIV_SCALE_FLOOR = 0.01  # 1% noise floor: a perfectly flat loss must not page on a 2% blip
+DIV_SPIKE_Z_SINGLE = 8.0  # a lone point must be far outside the noise (z >= 8) ...
+DIV_SPIKE_SINGLE_RATIO = 2.0  # ... and double the loss to page alone (else: one noisy batch)
+DIV_SPIKE_Z_EXTREME = 20.0  # ... or lie 20 robust sd out (impossible as batch noise) ...
+DIV_SPIKE_EXTREME_RATIO = 1.25  # ... and be 25% above baseline (smaller is not worth a page)
+DIV_SPIKE_Z_PERSIST = 5.0  # moderate excursions (z >= 5) page when they persist ...
+DIV_SPIKE_PERSIST_POINTS = 2  # ... for 2 consecutive logged points (not a single bad batch)
+DIV_SPIKE_MIN_RATIO = 1.1  # and are at least 10% above baseline (smaller is noise to a human)
+DIV_ONSET_Z = 3.0  # walking back from the alarm, the excursion starts where z drops below 3
+DIV_RECENT_POINTS = 200  # a spike/NaN episode that ended over 200 points ago is not open
+DIV_EPISODE_GAP_POINTS = 20  # alarms closer than this belong to one episode
+DIV_TAIL_POINTS = 8192  # spikes are scored on the recent tail only (older ones are not open)
+DIV_TREND_BINS = 1000  # rise/regression work on at most 1000 block medians of the curve
+DIV_RISE_BINS = 100  # rise: the recent tail in 100 bins, so a slow climb beats bin noise
+DIV_RISE_MIN_BINS = 8  # CUSUM needs a handful of increments
+DIV_CUSUM_DRIFT = 0.5  # allowance per increment (in sd): ignores slow noise-level wander
+DIV_CUSUM_LIMIT = 8.0  # decision limit (sd): ~8 sd of cumulated rise is not noise
+DIV_RISE_MIN_FRACTION = 0.03  # and the smoothed loss must be up at least 3%
+DIV_OSC_WINDOW = 50  # amplitude compared over three consecutive 50-point windows
+DIV_OSC_BASE_POINTS = 21  # centred rolling median that the oscillation swings around
+DIV_OSC_RATIO = 2.5  # newest window's swing at least 2.5x the oldest one's
+DIV_OSC_MIN_AMPLITUDE = 0.03  # and at least ~3% mean swing, else it is ordinary batch noise
+DIV_OSC_MIN_FLIPS = 0.3  # residual changes sign on >= 30% of steps: it swings, not drifts
+DIV_REGRESSION_MIN_BINS = 10  # need some history to talk about an earlier level
+DIV_REGRESSION_LEVEL_BINS = 5  # level now / best level = medians over 5 bins (not one blip)
+DIV_REGRESSION_MIN_FRACTION = 0.05  # at least 5% above the best smoothed loss
+DIV_REGRESSION_ONSET_SHARE = 0.25  # onset: last time the loss was within 25% of the lost ground
+DIV_LAYER_Z = 5.0  # a layer's grad norm "moved": 5 robust sd off its baseline, held 2 points
+DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run before onset
+DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # (LOSS section: end)

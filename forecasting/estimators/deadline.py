@@ -1,0 +1,72 @@
+"""Will the run finish before a deadline, and what would it take to make it likely?"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from scipy.stats import norm
+
+from forecasting.estimators import thresholds as th
+from forecasting.estimators.eta import EtaForecast
+
+_Z90 = 1.2815515655446004
+
+
+@dataclass
+class DeadlineRisk:
+    p_on_time: float
+    deadline: float
+    speedup_for_p90: float | None  # 0.18 = needs 18% more throughput; 0 if already on target
+    steps_cut_for_p90: float | None  # steps to drop from the plan; 0 if already on target
+    explanation: str
+
+    def to_dict(self) -> dict[str, float | str | None]:
+        return {k: _plain(v) for k, v in asdict(self).items()}
+
+
+def _p_before(eta: EtaForecast, budget: float) -> float:
+    """P(wall time to finish <= budget), log-normal on each side of the median (split normal)."""
+    if budget <= 0:
+        return 0.0
+    if eta.wall_p50 <= 0:
+        return 1.0
+    x = math.log(budget / eta.wall_p50)
+    edge = eta.wall_p90 if x > 0 else eta.wall_p10
+    sigma = abs(math.log(max(edge, 1e-9) / eta.wall_p50)) / _Z90
+    if sigma < 1e-9:
+        return 1.0 if x >= 0 else 0.0
+    return float(norm.cdf(x / sigma))
+
+
+def deadline_risk(eta: EtaForecast, deadline: float) -> DeadlineRisk:
+    """Chance of finishing by `deadline` (same clock as eta.now) and the fix for P90 on time."""
+    budget = deadline - eta.now
+    p = _p_before(eta, budget)
+    target = th.DEADLINE_TARGET_P
+    remaining_steps = max(0.0, eta.total_steps - eta.current_step)
+    if p >= target:
+        return DeadlineRisk(p, deadline, 0.0, 0.0, f"{p:.0%} likely on time")
+    # Downtime does not shrink with faster compute: only the compute part of the P90 scales.
+    downtime_p90 = max(0.0, eta.wall_p90 - eta.compute_p90)
+    compute_budget = budget - downtime_p90
+    if compute_budget <= 0 or eta.compute_p90 <= 0:
+        text = f"{p:.0%} likely on time; expected downtime alone uses up the time left"
+        return DeadlineRisk(p, deadline, None, None, text)
+    scale = compute_budget / eta.compute_p90  # share of the P90 compute that fits
+    speedup = 1.0 / scale - 1.0
+    cut = remaining_steps * (1.0 - scale)
+    text = (
+        f"{p:.0%} likely on time; for 90% it needs {speedup:.0%} more throughput"
+        f" or {cut:,.0f} fewer steps"
+    )
+    return DeadlineRisk(p, deadline, float(speedup), float(cut), text)
+
+
+def _plain(value: object) -> float | bool | str | None:
+    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
+    if hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value  # type: ignore[return-value]

@@ -1,0 +1,401 @@
+"""When will a training run finish? A robust pace model plus an interruption model.
+
+Pure numpy. The input is the run's progress points in arrival order: `steps` (may go backwards
+after a resume from an earlier checkpoint) and `times` (wall clock; gaps are downtime). The
+forecast separates three things a naive "remaining steps / current speed" mixes up:
+
+* compute: the time the remaining steps need at the run's pace. The pace ignores compile
+  warm-up, single slow steps and one-off gaps; recurring pauses (eval, checkpoint) are spread
+  over the steps as overhead; a pace trend (steps slowing as sequence/window schedules grow)
+  is extrapolated, damped.
+* interruptions: downtime gaps and rollbacks seen so far give a rate and a mean cost (recovery
+  time plus recomputed steps), shrunk towards a prior before any is seen.
+* uncertainty: the spread of the compute time comes from the run's own back-test (how wrong
+  this model would have been on the part of the run already seen), growing with how far it
+  extrapolates; the wall-clock distribution is a Monte Carlo of compute plus future downtime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from forecasting.estimators import thresholds as th
+
+_Z90 = 1.2815515655446004  # standard normal quantile of 0.9
+_TREND_MAX_BINS = 100  # Theil-Sen is quadratic: fit the trend on at most this many super-bins
+
+
+@dataclass
+class EtaForecast:
+    now: float
+    current_step: float
+    total_steps: float
+    rate_steps_per_s: float
+    compute_p10: float
+    compute_p50: float
+    compute_p90: float
+    wall_p10: float
+    wall_p50: float
+    wall_p90: float
+    interruptions_seen: int
+    downtime_s: float
+    lost_steps: float
+
+    def finish_p10(self) -> float:
+        return self.now + self.wall_p10
+
+    def finish_p50(self) -> float:
+        return self.now + self.wall_p50
+
+    def finish_p90(self) -> float:
+        return self.now + self.wall_p90
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        out: dict[str, float | int | None] = dict(asdict(self))
+        out["finish_p10"] = self.finish_p10()
+        out["finish_p50"] = self.finish_p50()
+        out["finish_p90"] = self.finish_p90()
+        return {k: _json_number(v) for k, v in out.items()}
+
+
+def _json_number(value: float | int | None) -> float | int | None:
+    if value is None or isinstance(value, int):
+        return value
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass
+class _Timeline:
+    """The history re-expressed as work done (steps computed) against compute seconds."""
+
+    work: np.ndarray  # cumulative steps computed, including steps redone after a rollback
+    compute: np.ndarray  # cumulative compute seconds (downtime and recurring pauses removed)
+    overhead_per_step: float  # recurring pauses (eval, checkpoint) spread over the steps
+    interruptions: int
+    downtime_s: float
+    lost_steps: float
+    lost_compute_s: float
+    typical_dt: float  # the recent log cadence, for judging silence after the last point
+
+
+@dataclass
+class _Pace:
+    level: float  # seconds per step over the recent window
+    slope: float  # damped d log(seconds per step) / d work
+    w_mid: float  # work at the centre of the recent window
+
+
+def stitch_resets(times: np.ndarray) -> np.ndarray:
+    """Make a clock that restarted (e.g. a timer reset after compile warm-up) monotone again."""
+    dt = np.diff(times)
+    if not (dt < 0).any():
+        return times
+    positive = dt[dt > 0]
+    fill = float(np.median(positive)) if positive.size else 0.0
+    # A reset hides how long the restart took: assume one usual interval, not zero or negative.
+    dt = np.where(dt < 0, fill, dt)
+    return np.concatenate(([times[0]], times[0] + np.cumsum(dt)))
+
+
+def _recurring(excess: np.ndarray) -> np.ndarray:
+    """Which gaps are the job's own rhythm (several, of similar size) rather than outages."""
+    if excess.size < th.ETA_RECURRING_MIN_COUNT:
+        return np.zeros(excess.size, dtype=bool)
+    med = float(np.median(excess))
+    return (excess <= med * th.ETA_RECURRING_SPREAD) & (excess >= med / th.ETA_RECURRING_SPREAD)
+
+
+def _timeline(steps: np.ndarray, times: np.ndarray) -> _Timeline | None:
+    ds = np.diff(steps)
+    dt = np.diff(times)
+    forward = ds > 0
+    if not forward.any():
+        return None
+    spr_ref = float(np.median(dt[forward] / ds[forward]))
+    typical_dt = float(np.median(dt[dt > 0])) if (dt > 0).any() else 0.0
+    rollback = ds < 0
+    expected = np.clip(ds, 0.0, None) * spr_ref
+    excess = dt - expected
+    gap = (
+        ~rollback
+        & (dt > th.ETA_GAP_FACTOR * expected)
+        & (excess > th.ETA_GAP_MIN_INTERVALS * typical_dt)
+    )
+    # Slowness before the first normal interval is start-up (compile, data loader), not an
+    # outage: it stays compute time and the warm-up trim keeps it out of the pace.
+    normal = forward & ~gap
+    first_normal = int(np.argmax(normal)) if normal.any() else ds.size
+    gap[:first_normal] = False
+    gap_idx = np.flatnonzero(gap)
+    recurring = _recurring(excess[gap_idx])
+    outage_idx = gap_idx[~recurring]
+    pause_total = float(excess[gap_idx[recurring]].sum())
+    # Compute time: a gap keeps only the time its steps should have taken; a rollback keeps none
+    # (the steps redone after it show up as forward progress later).
+    cdt = np.where(gap, expected, np.where(rollback, 0.0, dt))
+    dw = np.clip(ds, 0.0, None)
+    work = np.concatenate(([0.0], np.cumsum(dw)))
+    compute = np.concatenate(([0.0], np.cumsum(cdt)))
+    high = np.maximum.accumulate(steps)
+    rb_idx = np.flatnonzero(rollback)
+    lost = np.clip(high[rb_idx] - steps[rb_idx + 1], 0.0, None)
+    recent = dt[-th.STALL_RECENT_INTERVALS :]
+    recent = recent[recent > 0]
+    return _Timeline(
+        work=work,
+        compute=compute,
+        overhead_per_step=pause_total / work[-1] if work[-1] > 0 else 0.0,
+        interruptions=int(outage_idx.size + rb_idx.size),
+        downtime_s=float(excess[outage_idx].sum() + dt[rb_idx].sum()),
+        lost_steps=float(lost.sum()),
+        lost_compute_s=float(lost.sum() * spr_ref),
+        typical_dt=float(np.median(recent)) if recent.size else typical_dt,
+    )
+
+
+def _bins(tl: _Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-work bins: grid of work values and the compute time at each."""
+    total = float(tl.work[-1])
+    n_forward = int((np.diff(tl.work) > 0).sum())
+    nb = max(1, min(th.ETA_MAX_BINS, n_forward))
+    grid = np.linspace(0.0, total, nb + 1)
+    # Keep the last point of each plateau so interp sees strictly increasing work.
+    keep = np.flatnonzero(np.diff(tl.work, append=np.inf) > 0)
+    return grid, np.interp(grid, tl.work[keep], tl.compute[keep])
+
+
+def _warmup_end(spr: np.ndarray) -> int:
+    """Index of the first bin after the warm-up (leading bins much slower than usual)."""
+    med = float(np.median(spr))
+    slow = spr > th.ETA_WARMUP_FACTOR * med
+    limit = int(th.ETA_WARMUP_MAX_FRACTION * spr.size)
+    if not slow[0]:
+        return 0
+    first_fast = int(np.argmin(slow)) if not slow.all() else spr.size
+    return min(first_fast, limit)
+
+
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Robust slope and its standard error (from the scatter around the robust line)."""
+    i, j = np.triu_indices(x.size, k=1)
+    dx = x[j] - x[i]
+    ok = dx > 0
+    if not ok.any():
+        return 0.0, math.inf
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    resid = y - slope * x
+    resid = resid - np.median(resid)
+    spread = float(np.sum((x - x.mean()) ** 2))
+    dof = max(1, x.size - 2)
+    se = math.sqrt(float(np.sum(resid**2)) / dof / spread) if spread > 0 else math.inf
+    return slope, se
+
+
+def _super_bins(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+    """At most _TREND_MAX_BINS groups of bins: edges (bin indices), centres, log pace."""
+    groups = min(hi - lo, _TREND_MAX_BINS)
+    edges = np.unique(np.linspace(lo, hi, groups + 1).round().astype(int))
+    spr = np.diff(cg[edges]) / np.diff(grid[edges])
+    centres = 0.5 * (grid[edges[:-1]] + grid[edges[1:]])
+    with np.errstate(divide="ignore"):
+        return edges, centres, np.log(spr)
+
+
+def _trend(centres: np.ndarray, logp: np.ndarray) -> float:
+    """Slope of log(seconds per step) against work, 0 unless it is real.
+
+    Only a clearly positive slope is kept: steps that get slower follow schedules (sequence
+    length, attention window, batch ramp) that keep going, while a run getting faster is almost
+    always a warm-up that is ending, which must not be extrapolated.
+    """
+    if logp.size < 2 * th.ETA_RECENT_MIN_BINS or not np.isfinite(logp).all():
+        return 0.0
+    slope, se = _theil_sen(centres, logp)
+    return slope if slope > th.ETA_TREND_MIN_T * se else 0.0
+
+
+def _regime_start(logp: np.ndarray, centres: np.ndarray, slope: float) -> int:
+    """Index of the first super-bin of the current pace regime (after the last level shift).
+
+    Each split is a two-sample test on the detrended log pace; the noise scale comes from
+    successive differences, which a level shift barely touches.
+    """
+    m = th.ETA_RECENT_MIN_BINS
+    m_new = th.ETA_SHIFT_MIN_NEW_BINS
+    if logp.size < m + m_new or not np.isfinite(logp).all():
+        return 0
+    r = logp - slope * centres
+    d = np.diff(r)
+    sigma = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0)
+    sigma = max(sigma, 1e-4)  # a perfectly regular log must not turn rounding into a shift
+    start = 0
+    while r.size - start >= m + m_new:
+        seg = r[start:]
+        n = seg.size
+        j = np.arange(m, n - m_new + 1)
+        csum = np.concatenate(([0.0], np.cumsum(seg)))
+        left = csum[j] / j
+        right = (csum[n] - csum[j]) / (n - j)
+        t = np.abs(right - left) / (sigma * np.sqrt(1.0 / j + 1.0 / (n - j)))
+        best = int(np.argmax(t))
+        if t[best] < th.ETA_SHIFT_MIN_T:
+            break
+        start += int(j[best])
+    return start
+
+
+def _fit(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int) -> _Pace | None:
+    """Pace over bins [lo, hi): mean of the current regime plus the damped trend of all."""
+    if hi - lo < 1:
+        return None
+    edges, centres, logp = _super_bins(grid, cg, lo, hi)
+    # A staircase of level shifts is not a trend: find the current regime first, then fit the
+    # trend inside it (a steady ramp may be cut into regimes, and its slope is still found in
+    # the last one).
+    first = _regime_start(logp, centres, 0.0)
+    raw_slope = _trend(centres[first:], logp[first:])
+    start = int(edges[first])
+    span = grid[hi] - grid[start]
+    level = (cg[hi] - cg[start]) / span if span > 0 else 0.0
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    slope = th.ETA_TREND_DAMPING * raw_slope
+    return _Pace(level=level, slope=slope, w_mid=0.5 * (grid[hi] + grid[start]))
+
+
+def _integrate(pace: _Pace, start: float, amount: float) -> float:
+    """Seconds to compute `amount` steps starting at work `start` under the pace model."""
+    if amount <= 0:
+        return 0.0
+    end = start + amount
+    slope = pace.slope
+    reach = abs(end - pace.w_mid)
+    cap = math.log(th.ETA_TREND_MAX_FACTOR)
+    if reach > 0 and abs(slope) * reach > cap:
+        slope = math.copysign(cap / reach, slope)
+    if abs(slope) * amount < 1e-9:
+        return pace.level * amount
+    a = slope * (start - pace.w_mid)
+    b = slope * (end - pace.w_mid)
+    return pace.level * (math.exp(b) - math.exp(a)) / slope
+
+
+def _sigma_per_ratio(grid: np.ndarray, cg: np.ndarray, lo: int) -> float:
+    """Log error per unit of extrapolation, from back-testing the model on the run so far."""
+    hi = grid.size - 1
+    units: list[float] = []
+    for frac in (1 / 3, 1 / 2, 2 / 3):
+        split = lo + round(frac * (hi - lo))
+        if split - lo < th.ETA_RECENT_MIN_BINS or hi - split < 1:
+            continue
+        pace = _fit(grid, cg, lo, split)
+        if pace is None:
+            continue
+        seen = grid[split] - grid[lo]
+        ahead = grid[hi] - grid[split]
+        predicted = _integrate(pace, grid[split], ahead)
+        actual = cg[hi] - cg[split]
+        if predicted > 0 and actual > 0 and seen > 0:
+            units.append(math.log(actual / predicted) / (ahead / seen))
+    prior_w = th.ETA_SIGMA_PRIOR_WEIGHT
+    total = prior_w * th.ETA_SIGMA_PER_RATIO_PRIOR**2 + sum(u * u for u in units)
+    return math.sqrt(total / (prior_w + len(units)))
+
+
+def _clean(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    s = np.asarray(steps, dtype=float).ravel()
+    t = np.asarray(times, dtype=float).ravel()
+    if s.size != t.size:
+        return None
+    ok = np.isfinite(s) & np.isfinite(t)
+    s, t = s[ok], t[ok]
+    if s.size < th.ETA_MIN_POINTS:
+        return None
+    return s, t
+
+
+def _wall_quantiles(
+    compute_p50: float, sigma: float, tl: _Timeline, observed_wall: float
+) -> np.ndarray:
+    """Monte Carlo of compute time plus downtime from future interruptions."""
+    rng = np.random.default_rng(th.ETA_MC_SEED)
+    n = th.ETA_MC_SAMPLES
+    compute = compute_p50 * np.exp(sigma * rng.standard_normal(n))
+    seen = tl.interruptions
+    shape = th.ETA_PRIOR_INTERRUPTIONS + seen
+    exposure = th.ETA_PRIOR_INTERRUPTIONS * th.ETA_PRIOR_INTERRUPTION_EVERY_S + observed_wall
+    rate = rng.gamma(shape, 1.0 / exposure, n)  # rate uncertainty: few events, wide posterior
+    count = rng.poisson(np.minimum(rate * compute, 1e6))  # cap: numpy's Poisson limit
+    w = th.ETA_PRIOR_RECOVERY_WEIGHT
+    recovery = (w * th.ETA_PRIOR_RECOVERY_S + tl.downtime_s) / (w + seen)
+    lost = tl.lost_compute_s / (1.0 + seen)  # prior: no lost work, worth one interruption
+    cost_mean = recovery + lost
+    has = count > 0
+    extra = np.zeros(n)
+    if cost_mean > 0 and has.any():
+        extra[has] = rng.gamma(count[has].astype(float), cost_mean)
+    wall = compute + extra
+    return np.quantile(wall, [0.1, 0.5, 0.9])
+
+
+def forecast_eta(
+    steps: np.ndarray,
+    times: np.ndarray,
+    total_steps: float | None,
+    *,
+    now: float | None = None,
+) -> EtaForecast | None:
+    """Forecast the remaining time of a run, or None when there is nothing to forecast from."""
+    if total_steps is None or not math.isfinite(total_steps) or total_steps <= 0:
+        return None
+    cleaned = _clean(steps, times)
+    if cleaned is None:
+        return None
+    s, raw_t = cleaned
+    t = stitch_resets(raw_t)
+    now_raw = float(raw_t[-1]) if now is None else float(now)
+    # Keep "now" on the caller's clock while the model runs on the stitched one.
+    silence = max(0.0, now_raw - float(raw_t[-1]))
+    tl = _timeline(s, t)
+    if tl is None:
+        return None
+    grid, cg = _bins(tl)
+    spr = np.diff(cg) / np.diff(grid)
+    lo = _warmup_end(spr)
+    pace = _fit(grid, cg, lo, grid.size - 1)
+    if pace is None:
+        return None
+    current = float(s[-1])
+    remaining = max(0.0, float(total_steps) - current)
+    work_now = float(grid[-1])
+    compute = _integrate(pace, work_now, remaining) + tl.overhead_per_step * remaining
+    # Progress probably continued during a short silence; a long one is downtime in progress.
+    compute = max(0.0, compute - min(silence, th.ETA_SILENCE_INTERVALS * tl.typical_dt))
+    observed = float(grid[-1] - grid[lo])
+    ratio = remaining / observed if observed > 0 else 10.0
+    unit = _sigma_per_ratio(grid, cg, lo)
+    sigma = min(th.ETA_SIGMA_MAX, math.hypot(th.ETA_SIGMA_FLOOR, unit * ratio))
+    spread = math.exp(_Z90 * sigma)
+    comp_q = np.array([compute / spread, compute, compute * spread])
+    wall_q = _wall_quantiles(compute, sigma, tl, float(t[-1] - t[0]) + silence)
+    # Sampling noise must not put the wall clock ahead of the compute it contains.
+    wall_q = np.maximum(wall_q, comp_q)
+    pace_now = pace.level * math.exp(pace.slope * (work_now - pace.w_mid))
+    return EtaForecast(
+        now=now_raw,
+        current_step=current,
+        total_steps=float(total_steps),
+        rate_steps_per_s=1.0 / (pace_now + tl.overhead_per_step),
+        compute_p10=float(comp_q[0]),
+        compute_p50=float(comp_q[1]),
+        compute_p90=float(comp_q[2]),
+        wall_p10=float(wall_q[0]),
+        wall_p50=float(wall_q[1]),
+        wall_p90=float(wall_q[2]),
+        interruptions_seen=tl.interruptions,
+        downtime_s=tl.downtime_s,
+        lost_steps=tl.lost_steps,
+    )

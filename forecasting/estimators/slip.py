@@ -1,0 +1,108 @@
+"""Is the finish slipping? Compare the P50 finish of the forecasts kept over a recent window.
+
+A run slips when its P50 finish moved later by more than a share of the time that was still to
+go when the window began (and by more than a minimum), so a 10-minute run and a 10-day run are
+judged on the same relative scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, tzinfo
+
+import numpy as np
+
+from forecasting.estimators import thresholds as th
+
+
+@dataclass
+class SlipResult:
+    slipping: bool
+    from_finish: float  # P50 finish at the start of the slip (epoch seconds)
+    to_finish: float  # latest P50 finish
+    since: float  # forecast time when the finish started moving later
+    amount_s: float  # to_finish - from_finish
+    window_s: float  # length of the window that was examined
+    explanation: str
+
+    def to_dict(self) -> dict[str, float | bool | str | None]:
+        return {k: _plain(v) for k, v in asdict(self).items()}
+
+
+def format_when(epoch_s: float, tz: tzinfo | None = None, *, with_time: bool = True) -> str:
+    """'06-03 11:40' in the given timezone (UTC by default): short, for explanations."""
+    moment = datetime.fromtimestamp(epoch_s, tz=tz or UTC)
+    return moment.strftime("%m-%d %H:%M" if with_time else "%m-%d")
+
+
+def format_span(seconds: float) -> str:
+    """'2 days', '5 h', '12 min', '40 s': the largest unit that gives a number >= 1."""
+    seconds = abs(seconds)
+    for unit, size in (("day", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            n = round(seconds / size)
+            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
+    return f"{round(seconds)} s"
+
+
+def _window(times: np.ndarray, finishes: np.ndarray) -> float:
+    """Window length: a share of the run's forecast lifetime so far plus what is left."""
+    lifetime = max(0.0, float(finishes[-1]) - float(times[0]))
+    return min(th.SLIP_WINDOW_MAX_S, max(th.SLIP_WINDOW_MIN_S, th.SLIP_WINDOW_FRACTION * lifetime))
+
+
+def detect_slip(
+    forecast_times: np.ndarray,
+    p50_finishes: np.ndarray,
+    *,
+    now: float,
+    tz: tzinfo | None = None,
+) -> SlipResult | None:
+    """Slip over the recent window of kept forecasts, or None with too few of them."""
+    t = np.asarray(forecast_times, dtype=float)
+    f = np.asarray(p50_finishes, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(f) & (t <= now)
+    t, f = t[ok], f[ok]
+    if t.size < th.SLIP_MIN_FORECASTS:
+        return None
+    order = np.argsort(t, kind="stable")
+    t, f = t[order], f[order]
+    window = _window(t, f)
+    inside = t >= now - window
+    if inside.sum() < th.SLIP_MIN_FORECASTS:
+        return None
+    wt, wf = t[inside], f[inside]
+    # The slip starts at the earliest finish in the window: later moves are measured from there.
+    low = int(np.argmin(wf))
+    from_finish, since = float(wf[low]), float(wt[low])
+    to_finish = float(wf[-1])
+    amount = to_finish - from_finish
+    remaining = max(from_finish - since, 1.0)
+    slipping = amount > max(th.SLIP_MIN_S, th.SLIP_REL_THRESHOLD * remaining)
+    span = format_span(now - since)
+    if slipping:
+        text = (
+            f"finish slipped from {format_when(from_finish, tz)} to {format_when(to_finish, tz)}"
+            f" over {span} (+{format_span(amount)})"
+        )
+    else:
+        text = f"finish steady at {format_when(to_finish, tz)} over the last {format_span(window)}"
+    return SlipResult(
+        slipping=bool(slipping),
+        from_finish=from_finish,
+        to_finish=to_finish,
+        since=since,
+        amount_s=float(amount),
+        window_s=float(window),
+        explanation=text,
+    )
+
+
+def _plain(value: object) -> float | bool | str | None:
+    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
+    if hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value  # type: ignore[return-value]

@@ -1,0 +1,96 @@
+"""Has a run gone quiet (no heartbeat) or stopped making progress while still beating?"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from forecasting.estimators import thresholds as th
+from forecasting.estimators.slip import format_span
+
+
+@dataclass
+class StallResult:
+    stalled: bool
+    silent_s: float
+    usual_interval_s: float
+    kind: str  # "no_heartbeat" | "no_progress"
+    explanation: str
+
+    def to_dict(self) -> dict[str, float | bool | str | None]:
+        return {k: _plain(v) for k, v in asdict(self).items()}
+
+
+def _usual_interval(times: np.ndarray) -> float | None:
+    gaps = np.diff(np.sort(times))[-th.STALL_RECENT_INTERVALS :]
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if gaps.size else None
+
+
+def _limit(usual: float) -> float:
+    return max(th.STALL_FACTOR * usual, th.STALL_MIN_S)
+
+
+def _progress_times(times: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Times at which the step actually advanced (repeated or lower steps are not progress)."""
+    ok = np.isfinite(times) & np.isfinite(steps)
+    t, s = times[ok], steps[ok]
+    if t.size == 0:
+        return t
+    order = np.argsort(t, kind="stable")
+    t, s = t[order], s[order]
+    best = np.maximum.accumulate(s)
+    advanced = np.concatenate(([True], best[1:] > best[:-1]))
+    return t[advanced]
+
+
+def detect_stall(
+    heartbeat_times: np.ndarray,
+    progress_times: np.ndarray,
+    progress_steps: np.ndarray,
+    *,
+    now: float,
+) -> StallResult | None:
+    """Stall verdict, or None when there is too little history to know the usual cadence."""
+    beats = np.asarray(heartbeat_times, dtype=float)
+    beats = beats[np.isfinite(beats) & (beats <= now)]
+    moved = _progress_times(
+        np.asarray(progress_times, dtype=float), np.asarray(progress_steps, dtype=float)
+    )
+    moved = moved[moved <= now]
+    # Progress points are heartbeats too: a run that logs steps is alive.
+    alive = np.concatenate((beats, moved))
+    if alive.size >= 3:
+        usual = _usual_interval(alive)
+        silent = now - float(alive.max())
+        if usual is not None and silent > _limit(usual):
+            text = f"no heartbeat for {format_span(silent)} (usually every {format_span(usual)})"
+            return StallResult(True, float(silent), usual, "no_heartbeat", text)
+    if moved.size >= 3:
+        usual = _usual_interval(moved)
+        silent = now - float(moved.max())
+        if usual is not None:
+            stalled = bool(silent > _limit(usual))
+            verb = "alive but no progress" if stalled else "progressing"
+            text = (
+                f"{verb}: last step {format_span(silent)} ago (usually every {format_span(usual)})"
+            )
+            return StallResult(stalled, float(silent), usual, "no_progress", text)
+    if alive.size >= 3:
+        usual = _usual_interval(alive)
+        if usual is not None:
+            silent = now - float(alive.max())
+            text = f"heartbeat {format_span(silent)} ago (usually every {format_span(usual)})"
+            return StallResult(False, float(silent), usual, "no_heartbeat", text)
+    return None
+
+
+def _plain(value: object) -> float | bool | str | None:
+    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
+    if hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value  # type: ignore[return-value]

@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forecasting.estimators.eta import EtaForecast, forecast_eta
+
+CURVES = Path(os.environ.get("RUNCAST_CURVES", "/work/shared/data/curves"))
+needs_curves = pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
+
+
+def _read(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import pandas as pd
+
+    frame = pd.read_csv(CURVES / "runs" / name)
+    return (
+        frame["step"].to_numpy(float),
+        frame["elapsed_s"].to_numpy(float),
+        frame["step_ms"].to_numpy(float),
+    )
+
+
+def _steady(n: int = 101, spr: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    steps = np.arange(n, dtype=float)
+    return steps, steps * spr
+
+
+def test_no_total_or_too_few_points_gives_none() -> None:
+    steps, times = _steady()
+    assert forecast_eta(steps, times, None) is None
+    assert forecast_eta(steps, times, 0.0) is None
+    assert forecast_eta(steps, times, float("nan")) is None
+    assert forecast_eta(steps[:2], times[:2], 200.0) is None
+    assert forecast_eta(np.array([0.0, np.nan, 1.0]), np.array([0.0, 1.0, np.nan]), 9.0) is None
+    # No forward progress at all: nothing to learn a rate from.
+    assert forecast_eta(np.zeros(5), np.arange(5.0), 10.0) is None
+
+
+def test_constant_rate_is_exact_and_ordered() -> None:
+    steps, times = _steady(101, 2.0)
+    eta = forecast_eta(steps, times, 200.0)
+    assert isinstance(eta, EtaForecast)
+    assert eta.compute_p50 == pytest.approx(200.0, rel=1e-6)
+    assert eta.rate_steps_per_s == pytest.approx(0.5, rel=1e-6)
+    assert eta.compute_p10 <= eta.compute_p50 <= eta.compute_p90
+    assert eta.wall_p10 <= eta.wall_p50 <= eta.wall_p90
+    assert eta.wall_p50 >= eta.compute_p50 - 1e-9
+    assert eta.finish_p50() == pytest.approx(eta.now + eta.wall_p50)
+    assert eta.interruptions_seen == 0 and eta.downtime_s == 0 and eta.lost_steps == 0
+
+
+def test_finished_run_has_nothing_left() -> None:
+    steps, times = _steady(101, 2.0)
+    eta = forecast_eta(steps, times, 100.0)
+    assert eta is not None and eta.compute_p50 == 0.0 and eta.wall_p90 == 0.0
+
+
+def test_to_dict_is_json_without_nan() -> None:
+    steps, times = _steady()
+    eta = forecast_eta(steps, times, 300.0)
+    assert eta is not None
+    data = eta.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["finish_p50"] == pytest.approx(eta.finish_p50())
+
+
+def test_huge_gap_is_downtime_not_pace() -> None:
+    steps, times = _steady(201, 1.0)
+    times[120:] += 10_000.0  # the job hung for ~3 h
+    eta = forecast_eta(steps, times, 400.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(200.0, rel=0.02)
+    assert eta.interruptions_seen == 1
+    assert eta.downtime_s == pytest.approx(10_000.0, rel=0.01)
+    # Over a day still to go, having seen a long outage, the wall-clock tail allows for another.
+    long = forecast_eta(steps, times, 100_000.0)
+    clean = forecast_eta(*_steady(201, 1.0), 100_000.0)
+    assert long is not None and clean is not None
+    assert long.wall_p90 - long.compute_p90 > 5000.0
+    assert long.wall_p90 - long.compute_p90 > 2 * (clean.wall_p90 - clean.compute_p90)
+
+
+def test_rollback_counts_lost_steps_and_remaining_work() -> None:
+    steps = np.concatenate((np.arange(0.0, 101.0), np.arange(80.0, 121.0)))
+    times = np.concatenate((np.arange(0.0, 101.0), 400.0 + np.arange(0.0, 41.0)))
+    eta = forecast_eta(steps, times, 200.0)
+    assert eta is not None
+    assert eta.current_step == 120.0
+    assert eta.lost_steps == pytest.approx(20.0)
+    assert eta.interruptions_seen == 1
+    assert eta.downtime_s > 250.0
+    assert eta.compute_p50 == pytest.approx(80.0, rel=0.05)  # 80 steps left at 1 s/step
+
+
+def test_compile_warmup_and_single_slow_step_are_ignored() -> None:
+    steps, times = _steady(501, 0.1)
+    times[1:] += 60.0  # first step compiles for a minute
+    times[300:] += 2.0  # one slow step (20x)
+    eta = forecast_eta(steps, times, 1000.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(50.0, rel=0.05)
+
+
+def test_slowdown_is_followed() -> None:
+    steps = np.arange(0.0, 1001.0)
+    spr = np.where(steps[1:] <= 600, 1.0, 1.3)
+    times = np.concatenate(([0.0], np.cumsum(spr)))
+    eta = forecast_eta(steps, times, 2000.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(1000 * 1.3, rel=0.05)
+
+
+def test_timer_reset_is_stitched() -> None:
+    steps, times = _steady(301, 0.5)
+    times[11:] -= times[11] - 0.01  # the source timer restarts at step 11
+    eta = forecast_eta(steps, times, 600.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(150.0, rel=0.02)
+    assert eta.now == times[-1]
+
+
+def test_silence_after_last_point() -> None:
+    steps, times = _steady(101, 1.0)
+    fresh = forecast_eta(steps, times, 200.0)
+    late = forecast_eta(steps, times, 200.0, now=times[-1] + 3600.0)
+    assert fresh is not None and late is not None
+    assert late.now == times[-1] + 3600.0
+    # An hour of silence is not progress: the remaining compute barely shrinks.
+    assert late.compute_p50 > 0.9 * fresh.compute_p50
+
+
+@needs_curves
+def test_real_megatron_curve_from_step_times() -> None:
+    steps, _, step_ms = _read("megatron-lm__bert_release__dev_dgx_h100.csv")
+    ok = np.isfinite(step_ms)
+    s = steps[ok]
+    t = np.cumsum(step_ms[ok] / 1000.0 * np.diff(np.concatenate(([steps[0]], s))))
+    half = s.size // 2
+    eta = forecast_eta(s[:half], t[:half], float(s[-1]))
+    assert eta is not None
+    actual = t[-1] - t[half - 1]
+    assert abs(eta.wall_p50 - actual) / actual < 0.05
+    assert eta.wall_p10 <= actual <= eta.wall_p90
+
+
+@needs_curves
+def test_real_nanogpt_with_timer_reset_and_compile() -> None:
+    name = (
+        "modded-nanogpt__track_1_short-2024-10-17_DistributedMuon-"
+        "22d24867-eb5a-4fcc-ae2c-263d0277dfd1.csv"
+    )
+    steps, elapsed, _ = _read(name)
+    ok = np.isfinite(elapsed)
+    s, t = steps[ok], elapsed[ok]
+    k = s.size // 4
+    eta = forecast_eta(s[:k], t[:k], float(s[-1]))
+    assert eta is not None
+    actual = t[-1] - t[k - 1]  # after the reset both are on the restarted timer
+    assert abs(eta.wall_p50 - actual) / actual < 0.05
+    assert eta.interruptions_seen == 0  # a timer reset is not an outage
+
+
+def test_million_points_run() -> None:
+    rng = np.random.default_rng(0)
+    steps = np.arange(1_000_000, dtype=float)
+    times = np.cumsum(rng.gamma(50.0, 0.002, steps.size))
+    eta = forecast_eta(steps, times, 2_000_000.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(1_000_000 * 0.1, rel=0.02)

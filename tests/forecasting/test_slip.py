@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import numpy as np
+
+from forecasting.estimators.slip import detect_slip, format_span, format_when
+
+DAY = 86400.0
+T0 = datetime(2025, 5, 20, 8, 0, tzinfo=UTC).timestamp()
+
+
+def test_too_few_forecasts() -> None:
+    assert detect_slip(np.array([T0, T0 + 60]), np.array([T0 + DAY] * 2), now=T0 + 60) is None
+
+
+def test_steady_finish_is_not_slipping() -> None:
+    times = T0 + np.arange(0, 2 * DAY, 3600.0)
+    finishes = np.full(times.size, T0 + 6 * DAY) + np.sin(np.arange(times.size)) * 600.0
+    res = detect_slip(times, finishes, now=times[-1])
+    assert res is not None and not res.slipping
+    assert "steady" in res.explanation
+    json.dumps(res.to_dict(), allow_nan=False)
+
+
+def test_finish_moving_later_is_slipping() -> None:
+    times = T0 + np.arange(0, 2 * DAY + 1, 3600.0)
+    # P50 finish moves from 05-26 08:00 to 06-03 over two days.
+    finishes = np.linspace(T0 + 6 * DAY, T0 + 14 * DAY + 3.667 * 3600, times.size)
+    res = detect_slip(times, finishes, now=times[-1])
+    assert res is not None and res.slipping
+    assert res.amount_s > 7 * DAY
+    assert res.explanation.startswith("finish slipped from 05-26 08:00 to 06-03 11:40 over 2 days")
+
+
+def test_small_move_is_not_slipping() -> None:
+    times = T0 + np.arange(0, DAY, 3600.0)
+    finishes = np.linspace(T0 + 10 * DAY, T0 + 10 * DAY + 1800, times.size)  # 30 min of 9 days
+    res = detect_slip(times, finishes, now=times[-1])
+    assert res is not None and not res.slipping
+
+
+def test_explanation_uses_given_timezone() -> None:
+    times = T0 + np.arange(0, DAY + 1, 3600.0)
+    finishes = np.linspace(T0 + 2 * DAY, T0 + 4 * DAY, times.size)
+    utc = detect_slip(times, finishes, now=times[-1])
+    tokyo = detect_slip(times, finishes, now=times[-1], tz=ZoneInfo("Asia/Tokyo"))
+    assert utc is not None and tokyo is not None
+    assert "05-22 08:00" in utc.explanation
+    assert "05-22 17:00" in tokyo.explanation  # UTC+9
+
+
+def test_format_helpers() -> None:
+    assert format_when(T0) == "05-20 08:00"
+    assert format_when(T0, ZoneInfo("America/New_York")) == "05-20 04:00"
+    assert format_span(2 * DAY) == "2 days"
+    assert format_span(90.0) == "2 min"
+    assert format_span(5.0) == "5 s"
