@@ -1,0 +1,186 @@
+"""Divergence detection: synthetic edge cases and real curves from the shared set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forecasting.estimators.divergence import detect_divergence, spike_alarms
+
+CURVES = Path("/work/shared/data/curves")
+
+
+def _healthy(n: int = 3000, noise: float = 0.02, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    s = np.arange(1, n + 1, dtype=float)
+    return s, (2.0 + 3.0 * s**-0.4) * np.exp(rng.normal(0, noise, n))
+
+
+def _kinds(flags: list) -> set[str]:
+    return {f.kind for f in flags}
+
+
+def test_healthy_curve_has_no_flags() -> None:
+    s, v = _healthy()
+    assert detect_divergence(s, v) == []
+
+
+def test_nan_flagged_at_first_bad_step_with_cost() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[2500:] = np.nan
+    times = s * 2.0  # 2 s per step
+    flags = detect_divergence(
+        s, v, times=times, checkpoints=[1000, 2000, 2600], gpu_count=8, gpu_hour_price=2.0
+    )
+    nan = [f for f in flags if f.kind == "nan"]
+    assert len(nan) == 1
+    f = nan[0]
+    assert f.onset_step == 2501 and f.onset_index == 2500 and f.detected_step == 2501
+    assert f.rollback_step == 2000
+    assert f.wasted_s == pytest.approx(2 * (3000 - 2501))
+    assert f.cost == pytest.approx(f.wasted_s / 3600 * 8 * 2.0)
+    json.dumps(f.to_dict(), allow_nan=False)
+
+
+def test_nan_at_step_one_and_inf() -> None:
+    flags = detect_divergence(np.array([1.0]), np.array([np.nan]))
+    assert _kinds(flags) == {"nan"} and flags[0].onset_step == 1
+    flags = detect_divergence(np.array([1.0, 2.0, 3.0]), np.array([2.0, np.inf, 2.0]))
+    assert "nan" in _kinds(flags) and flags[0].onset_step == 2
+
+
+def test_old_resolved_nan_is_not_open() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[100] = np.nan
+    assert "nan" not in _kinds(detect_divergence(s, v))
+
+
+def test_single_noisy_batch_does_not_page_but_persistent_spike_does() -> None:
+    s, v = _healthy(noise=0.03)  # per-step noise like a small LM's train loss
+    one = v.copy()
+    one[2990] *= 1.3  # one bad batch, moderate (as large as natural ones in real logs)
+    assert "spike" not in _kinds(detect_divergence(s, one))
+    lasting = v.copy()
+    lasting[2990:2994] *= 1.3
+    flags = [f for f in detect_divergence(s, lasting) if f.kind == "spike"]
+    assert len(flags) == 1
+    assert flags[0].onset_step == 2991 and flags[0].detected_step == 2992
+    huge = v.copy()
+    huge[2990] *= 4.0  # a lone x4 jump is no noisy batch
+    assert "spike" in _kinds(detect_divergence(s, huge))
+
+
+def test_old_resolved_spike_is_not_open() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[1000:1010] *= 3.0
+    assert "spike" not in _kinds(detect_divergence(s, v))
+    assert spike_alarms(s, v)[1000:1010].any()  # but it was alarmed when it happened
+
+
+def test_spike_alarms_are_causal() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[1500:1520] *= 2.0
+    full = spike_alarms(s, v)
+    prefix = spike_alarms(s[:1510], v[:1510])
+    assert np.array_equal(full[:1510], prefix)
+
+
+def test_sustained_rise() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[2400:] *= np.exp(np.linspace(0, 0.15, 600))  # +16% over the last 600 steps
+    flags = [f for f in detect_divergence(s, v) if f.kind == "rise"]
+    assert len(flags) == 1
+    assert 2200 <= flags[0].onset_step <= 2600
+
+
+def test_growing_oscillation() -> None:
+    s, v = _healthy(noise=0.005)
+    v = v.copy()
+    amp = np.linspace(0.0, 0.2, 150)
+    v[-150:] *= np.exp(amp * np.sin(np.arange(150) * 2.5))
+    assert "oscillation" in _kinds(detect_divergence(s, v))
+
+
+def test_regression_reports_time_ago() -> None:
+    s, v = _healthy(noise=0.005)
+    v = v.copy()
+    level_at_500 = 2.0 + 3.0 * 500**-0.4
+    v[2500:] = level_at_500  # jumped back to where it was at step 500 and stayed
+    times = s * 36.0  # 10 h per 1000 steps
+    flags = detect_divergence(s, v, times=times)
+    reg = [f for f in flags if f.kind == "regression"]
+    assert len(reg) == 1
+    f = reg[0]
+    assert f.regression_to_step is not None and 350 <= f.regression_to_step <= 650
+    assert " h ago (step " in f.explanation
+    assert 2400 <= f.onset_step <= 2550
+
+
+def test_grad_norm_layers_that_moved_first() -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[2900:] *= 3.0
+    rng = np.random.default_rng(3)
+    norms = {}
+    layers = (("grad_norm/attn.3", 2850), ("grad_norm/mlp.7", 2895), ("grad_norm/emb", None))
+    for name, jump_at in layers:
+        g = np.exp(rng.normal(0, 0.05, len(s)))
+        if jump_at is not None:
+            g[jump_at - 1 :] *= 10
+        norms[name] = (s, g)
+    flags = detect_divergence(s, v, grad_norms=norms)
+    spike = next(f for f in flags if f.kind == "spike")
+    assert spike.layers_first[0] == "grad_norm/attn.3"
+    assert "grad_norm/emb" not in spike.layers_first
+
+
+def test_backward_steps_use_latest_log() -> None:
+    s, v = _healthy(1000)
+    v = v.copy()
+    bad = v.copy()
+    bad[700:800] *= 5  # the abandoned stretch before a restart from step 700
+    steps = np.concatenate([s[:800], s[700:]])
+    values = np.concatenate([bad[:800], v[700:]])
+    assert detect_divergence(steps, values) == []
+
+
+def test_few_points_and_constant_loss() -> None:
+    assert detect_divergence(np.array([]), np.array([])) == []
+    assert detect_divergence(np.array([1.0, 2.0]), np.array([3.0, 3.1])) == []
+    s = np.arange(1, 2001, dtype=float)
+    flat = np.full(2000, 2.0)
+    assert detect_divergence(s, flat) == []
+    flat[-3:] = 2.02  # +1% on a perfectly flat curve is not a spike
+    assert detect_divergence(s, flat) == []
+
+
+def test_million_points_runs() -> None:
+    s, v = _healthy(1_000_000, seed=5)
+    v[-5:] *= 3
+    flags = detect_divergence(s, v)
+    assert "spike" in _kinds(flags)
+
+
+@pytest.mark.skipif(not CURVES.exists(), reason="shared curve set not available")
+def test_real_documented_spikes_detected_and_clean_curve_quiet() -> None:
+    from forecasting.evaluate.data import load_runs
+
+    runs = load_runs(CURVES)
+    bloom = next(r for r in runs if "tr1-13B" in r.file)
+    s, v = bloom.column("step"), bloom.column("train_loss")
+    ok = np.isfinite(v)
+    flags = [f for f in detect_divergence(s[ok], v[ok]) if f.kind == "spike"]
+    assert flags and 29040 <= flags[0].onset_step <= 29050
+    assert "still elevated" in flags[0].explanation
+    clean = next(r for r in runs if "megatron-lm__bert_release__dev_dgx_h100" in r.file)
+    s, v = clean.column("step"), clean.column("train_loss")
+    ok = np.isfinite(v)
+    assert not spike_alarms(s[ok], v[ok]).any()
