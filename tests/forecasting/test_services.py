@@ -1,0 +1,180 @@
+"""Forecasting services on the real database: forecasts stored, flags as state changes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+
+from forecasting import services
+from forecasting.models import Flag, Forecast
+from tracker.models import Deadline, Run
+from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
+
+pytestmark = pytest.mark.django_db
+
+T0 = 1.76e9  # epoch seconds where the synthetic runs start
+
+
+def make_run(project, *, total=10_000, deadline=None, run_id="r1") -> Run:
+    return run_start(
+        project=project,
+        public_id=run_id,
+        session="s1",
+        started_at=from_epoch(T0),
+        fields={"name": run_id, "total_steps": total, "world_size": 64},
+        deadline_slug=deadline,
+    ).run
+
+
+def send(run, steps, loss, *, seq, step_s=1.0, session="s1", events=()):
+    times = T0 + steps * step_s
+    batch_ingest(
+        run=run,
+        session=session,
+        seq=seq,
+        series=[SeriesIn("loss", steps, loss, times)],
+        events=list(events),
+        heartbeat=None,
+    )
+
+
+def healthy_loss(steps):
+    rng = np.random.default_rng(0)
+    return 2.0 + 8.0 * (steps + 10.0) ** -0.3 + rng.normal(0, 0.01, steps.size)
+
+
+def at(seconds):
+    return from_epoch(T0 + seconds)
+
+
+def test_it_stores_eta_and_loss_forecasts_idempotently(project):
+    run = make_run(project)
+    steps = np.arange(4000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(4000))
+    services.forecast_compute(run_id=run.pk, now=at(4000))
+    eta = Forecast.objects.get(run=run, kind="eta")
+    assert Forecast.objects.filter(run=run, kind="loss").count() == 1
+    # 6,000 steps left at one step per second.
+    assert eta.finish_p50 == pytest.approx(T0 + 10_000, rel=0.002)
+    assert eta.finish_p10 <= eta.finish_p50 <= eta.finish_p90
+    assert eta.data["current_step"] == 3999
+    assert not Flag.objects.filter(run=run).exists()
+
+
+def test_it_raises_a_nan_flag_once_and_names_the_rollback_checkpoint(project):
+    run = make_run(project)
+    steps = np.arange(3000)
+    loss = healthy_loss(steps)
+    loss[2990:] = np.nan
+    ckpt = EventIn(kind="checkpoint", step=2500, time=at(2500), payload={"path": "/ck/2500"})
+    send(run, steps, loss, seq=1, events=[ckpt])
+    services.forecast_compute(run_id=run.pk, now=at(3000))
+    services.forecast_compute(run_id=run.pk, now=at(3001))
+    flag = Flag.objects.get(run=run, kind="nan")
+    assert flag.state == "raised"
+    assert flag.onset_step == 2990
+    assert flag.data["rollback_step"] == 2500
+    # 64 GPUs at 2.5/h for the ~10 s since onset.
+    assert flag.data["cost"] == pytest.approx(64 * 2.5 * 10 / 3600, rel=0.2)
+
+
+def test_it_resolves_a_flag_when_the_condition_clears(project):
+    run = make_run(project)
+    now = timezone.now()
+    services.flags_sync(
+        run=run,
+        conditions=[services.Condition("spike", "loss spiked", 6.0, 100)],
+        kinds=("spike",),
+        now=now,
+    )
+    services.flags_sync(run=run, conditions=[], kinds=("spike",), now=now + timedelta(minutes=1))
+    states = list(
+        Flag.objects.filter(run=run).order_by("created_at").values_list("state", flat=True)
+    )
+    assert states == ["raised", "resolved"]
+    assert services.flags_open(run=run) == {}
+
+
+def test_it_updates_a_flag_only_when_its_onset_moves(project):
+    run = make_run(project)
+    now = timezone.now()
+    for onset in (100, 100, 250):
+        cond = services.Condition("rise", "loss rising", 1.0, onset)
+        services.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
+    states = list(Flag.objects.filter(run=run).order_by("id").values_list("state", flat=True))
+    assert states == ["raised", "updated"]
+
+
+def test_it_flags_a_deadline_the_run_cannot_make(project):
+    Deadline.objects.create(
+        project=project, slug="eval", name="blind eval", cutoff=at(7000), buffer=timedelta(0)
+    )
+    run = make_run(project, deadline="eval")
+    steps = np.arange(4000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(4000))
+    risk = Forecast.objects.get(run=run, kind="deadline").data
+    assert risk["p_on_time"] < 0.05  # needs ~6,000 s more, has 3,000
+    flag = Flag.objects.get(run=run, kind="deadline")
+    assert "blind eval" in flag.explanation
+    assert risk["speedup_for_p90"] > 0.9  # about twice the throughput
+
+
+def test_it_flags_a_slipping_eta(project):
+    run = make_run(project, total=20_000)
+    steps = np.arange(2000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(2000))
+    # The pace halves: every later forecast moves the finish later.
+    seq, t, step = 2, 2000.0, 2000
+    for _ in range(8):
+        more = np.arange(step, step + 500)
+        times = t + (more - step + 1) * 2.0
+        batch_ingest(
+            run=run,
+            session="s1",
+            seq=seq,
+            events=[],
+            heartbeat=None,
+            series=[SeriesIn("loss", more, healthy_loss(more), T0 + times)],
+        )
+        seq, t, step = seq + 1, t + 1000, step + 500
+        services.forecast_compute(run_id=run.pk, now=at(t))
+    flag = Flag.objects.get(run=run, kind="slip")
+    assert "slip" in flag.explanation
+
+
+def test_it_marks_a_silent_run_crashed(project):
+    run = make_run(project)
+    for i in range(20):
+        steps = np.arange(i * 10, (i + 1) * 10)
+        send(run, steps, healthy_loss(steps), seq=i + 1)
+    services.run_check_liveness(run_id=run.pk, now=timezone.now())
+    assert Run.objects.get(pk=run.pk).status == "running"
+    services.run_check_liveness(run_id=run.pk, now=timezone.now() + timedelta(hours=1))
+    assert Run.objects.get(pk=run.pk).status == "crashed"
+    assert Flag.objects.get(run=run, kind="stalled").state == "raised"
+
+
+def test_it_debounces_forecast_requests(project, monkeypatch):
+    run = make_run(project)
+    calls = []
+    monkeypatch.setattr("forecasting.tasks.forecast_run.apply_async", lambda **kw: calls.append(kw))
+    cache.clear()
+    assert services.forecast_request(run_id=run.pk) is True
+    assert services.forecast_request(run_id=run.pk) is False
+    assert len(calls) == 1 and calls[0]["countdown"] == services.FORECAST_DEBOUNCE_S
+
+
+def test_edge_cases_do_not_break_the_service(project):
+    run = make_run(project, total=None)
+    send(run, np.array([0, 1]), np.array([np.nan, 5.0]), seq=1)
+    assert services.forecast_compute(run_id=run.pk, now=at(2)) is not None
+    assert not Forecast.objects.filter(run=run, kind="eta").exists()
+    assert Flag.objects.filter(run=run, kind="nan").exists()
+    assert services.forecast_compute(run_id=999_999) == []

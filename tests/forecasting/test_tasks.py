@@ -1,0 +1,100 @@
+"""Celery tasks: idempotent when run twice, and carried by the real broker to a real worker."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from config.celery import QUEUE_FORECASTING, app
+from forecasting import tasks
+from forecasting.models import Flag, Forecast
+from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
+
+
+def make_run(project, n=3000):
+    run = run_start(
+        project=project,
+        public_id="r1",
+        session="s",
+        started_at=from_epoch(1.76e9),
+        fields={"total_steps": 10_000},
+    ).run
+    now = timezone.now().timestamp()
+    steps = np.arange(n)
+    loss = 2.0 + 8.0 * (steps + 10.0) ** -0.3
+    loss[-5:] = np.nan
+    batch_ingest(
+        run=run,
+        session="s",
+        seq=1,
+        events=[],
+        heartbeat=None,
+        series=[SeriesIn("loss", steps, loss, now - (n - steps).astype(float))],
+    )
+    return run
+
+
+@pytest.mark.django_db
+def test_forecast_task_run_twice_changes_nothing(project):
+    run = make_run(project)
+    tasks.forecast_run(run.pk)
+    before = (Forecast.objects.count(), Flag.objects.count())
+    tasks.forecast_run(run.pk)
+    assert (Forecast.objects.count(), Flag.objects.count()) == before
+    assert Flag.objects.filter(kind="nan").count() == 1
+
+
+@pytest.mark.django_db
+def test_sweep_task_run_twice_changes_nothing(project):
+    run = make_run(project)
+    tasks.sweep_active_runs()
+    before = (Forecast.objects.count(), Flag.objects.count(), run.status)
+    tasks.sweep_active_runs()
+    run.refresh_from_db()
+    assert (Forecast.objects.count(), Flag.objects.count(), run.status) == before
+
+
+@pytest.fixture
+def real_worker():
+    """A worker thread consuming the forecasting queue through the configured broker."""
+    from celery.contrib.testing.worker import start_worker
+    from celery.signals import task_postrun
+    from django.db import connections
+
+    def close_worker_connections(**kwargs: object) -> None:
+        # A real worker's Django fixup does this; the in-thread test worker does not, and an
+        # open connection in its thread would lock the test database at teardown.
+        connections.close_all()
+
+    eager = app.conf.task_always_eager
+    app.conf.task_always_eager = False
+    task_postrun.connect(close_worker_connections, weak=False)
+    try:
+        with start_worker(
+            app,
+            pool="solo",
+            perform_ping_check=False,
+            queues=[QUEUE_FORECASTING],
+            shutdown_timeout=10,
+        ) as worker:
+            yield worker
+    finally:
+        task_postrun.disconnect(close_worker_connections)
+        app.conf.task_always_eager = eager
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_takes_the_task_from_the_broker(project, real_worker):
+    """Through CELERY_BROKER_URL (Redis in CI, the filesystem broker locally), not eagerly."""
+    run = make_run(project)
+    tasks.forecast_run.delay(run.pk)
+    deadline = time.monotonic() + 30
+    # The flags are the task's last write.
+    while not Flag.objects.filter(run=run, kind="nan").exists():
+        assert time.monotonic() < deadline, f"no worker ran it via {settings.CELERY_BROKER_URL}"
+        time.sleep(0.1)
+    assert Forecast.objects.filter(run=run, kind="eta").exists()
