@@ -7,6 +7,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, ValidationError
 from ninja.errors import HttpError as NinjaHttpError
 
+from forecasting.api import router as forecasting_router
 from tracker.api.views import router as tracker_router
 from tracker.services import ServiceError
 
@@ -17,6 +18,7 @@ api = NinjaAPI(
     description="Ingestion and reads for Runcast. Authenticate with `Authorization: Bearer rc_…`.",
 )
 api.add_router("/", tracker_router)
+api.add_router("/", forecasting_router)
 
 
 def _field_path(loc: tuple[object, ...] | list[object]) -> str:

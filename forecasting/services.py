@@ -12,6 +12,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from forecasting import selectors
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.divergence import detect_divergence
 from forecasting.estimators.eta import EtaForecast, forecast_eta
@@ -19,7 +20,7 @@ from forecasting.estimators.loss import forecast_loss
 from forecasting.estimators.slip import detect_slip
 from forecasting.estimators.stalled import detect_stall
 from forecasting.models import Flag, Forecast
-from tracker import selectors
+from tracker import selectors as tracker_selectors
 from tracker.models import Event, IngestBatch, Run
 from tracker.series import Series
 
@@ -85,12 +86,12 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     if run is None:
         return []
     now = now or timezone.now()
-    keys = selectors.series_keys(run=run)
+    keys = tracker_selectors.series_keys(run=run)
     loss_key = loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
     conditions: list[Condition] = []
     if progress_key is not None:
-        raw = selectors.series_load(run=run, key=progress_key, resolve=False)
+        raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
         if len(raw):
             conditions += _eta_and_deadline(run=run, progress=_thin(raw), now=now)
             if loss_key is not None:
@@ -183,10 +184,10 @@ def _deadline_condition(
 
 
 def _loss_and_divergence(*, run: Run, key: str, keys: list[str], now: datetime) -> list[Condition]:
-    series = selectors.series_load(run=run, key=key)
+    series = tracker_selectors.series_load(run=run, key=key)
     if len(series) == 0:
         return []
-    lr = selectors.series_load(run=run, key="lr") if "lr" in keys else None
+    lr = tracker_selectors.series_load(run=run, key="lr") if "lr" in keys else None
     thin = _thin(series)
     finite = np.isfinite(thin.values)
     loss = forecast_loss(
@@ -220,7 +221,7 @@ def _divergence_conditions(
     grad_norms = {}
     for k in keys:
         if k.startswith("grad_norm/"):
-            g = _thin(selectors.series_load(run=run, key=k), 20_000)
+            g = _thin(tracker_selectors.series_load(run=run, key=k), 20_000)
             grad_norms[k] = (g.steps.astype(float), g.values)
     price = float(run.project.gpu_hour_price) if run.project.gpu_hour_price is not None else None
     flags = detect_divergence(
@@ -236,14 +237,6 @@ def _divergence_conditions(
     return [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
 
 
-def flags_open(*, run: Run) -> dict[str, Flag]:
-    """The newest row per kind, for the kinds whose newest row is not resolved."""
-    latest: dict[str, Flag] = {}
-    for flag in Flag.objects.filter(run=run).order_by("kind", "-created_at", "-id"):
-        latest.setdefault(flag.kind, flag)
-    return {k: f for k, f in latest.items() if f.is_open}
-
-
 @transaction.atomic
 def flags_sync(
     *, run: Run, conditions: list[Condition], kinds: tuple[str, ...], now: datetime
@@ -251,7 +244,7 @@ def flags_sync(
     """Write a Flag row for each change: raised, updated (onset moved) or resolved."""
     Run.objects.select_for_update().filter(pk=run.pk).first()  # serialise concurrent syncs
     current = {c.kind: c for c in conditions}
-    open_flags = flags_open(run=run)
+    open_flags = selectors.flags_open(run=run)
     written = []
     for kind, cond in current.items():
         prev = open_flags.get(kind)

@@ -9,7 +9,7 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from forecasting import services
+from forecasting import selectors, services
 from forecasting.models import Flag, Forecast
 from tracker.models import Deadline, Run
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
@@ -60,7 +60,7 @@ def test_it_stores_eta_and_loss_forecasts_idempotently(project):
     eta = Forecast.objects.get(run=run, kind="eta")
     assert Forecast.objects.filter(run=run, kind="loss").count() == 1
     # 6,000 steps left at one step per second.
-    assert eta.finish_p50 == pytest.approx(T0 + 10_000, rel=0.002)
+    assert eta.finish_p50 == pytest.approx(T0 + 10_000, abs=60)
     assert eta.finish_p10 <= eta.finish_p50 <= eta.finish_p90
     assert eta.data["current_step"] == 3999
     assert not Flag.objects.filter(run=run).exists()
@@ -97,7 +97,7 @@ def test_it_resolves_a_flag_when_the_condition_clears(project):
         Flag.objects.filter(run=run).order_by("created_at").values_list("state", flat=True)
     )
     assert states == ["raised", "resolved"]
-    assert services.flags_open(run=run) == {}
+    assert selectors.flags_open(run=run) == {}
 
 
 def test_it_updates_a_flag_only_when_its_onset_moves(project):

@@ -34,7 +34,7 @@ def _run_out(run: Run) -> RunOut:
     )
 
 
-def _own_run(token: ApiToken, run_id: str) -> Run:
+def own_run(token: ApiToken, run_id: str) -> Run:
     # Another project's run is indistinguishable from a missing one: 404, never 403.
     run = selectors.run_get(project=token.project, public_id=run_id)
     if run is None:
@@ -82,7 +82,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
 def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOut:
     """Metrics in columnar form, events and a heartbeat. A retried (session, seq) is a no-op."""
     token = require_scope(request, ApiToken.Scope.WRITE)
-    run = _own_run(token, run_id)
+    run = own_run(token, run_id)
     received = time.time()
     result = services.batch_ingest(
         run=run,
@@ -98,7 +98,7 @@ def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOu
 @router.post("/runs/{run_id}/finish", response={200: RunOut, **ERRORS}, summary="Finish a run")
 def run_finish(request: HttpRequest, run_id: str, payload: FinishIn) -> RunOut:
     token = require_scope(request, ApiToken.Scope.WRITE)
-    run = _own_run(token, run_id)
+    run = own_run(token, run_id)
     ended = services.from_epoch(payload.time or time.time())
     return _run_out(services.run_finish(run=run, status=payload.status, ended_at=ended))
 
@@ -112,4 +112,4 @@ def run_list(request: HttpRequest, status: str | None = None) -> list[RunOut]:
 @router.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, summary="Read a run")
 def run_detail(request: HttpRequest, run_id: str) -> RunOut:
     token = require_scope(request, ApiToken.Scope.READ)
-    return _run_out(_own_run(token, run_id))
+    return _run_out(own_run(token, run_id))
