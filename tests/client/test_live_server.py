@@ -166,3 +166,13 @@ def test_a_resumed_job_keeps_its_rollback(live_server, live_token, tmp_path):
     assert run.segments.get(number=2).lost_steps == 99
     plotted = selectors.series_load(run=run, key="loss")
     assert plotted.steps.tolist() == list(range(1000))
+
+
+def test_an_importer_keeps_the_original_times(live_server, live_token, tmp_path):
+    settings = fast_settings(live_server.url, live_token, tmp_path)
+    run = runcast.init(project="live", id="import-1", settings=settings)
+    for step in range(100):
+        run.log({"loss": 1.0}, step=step, time=1.7e9 + 10.0 * step)
+    run.finish()
+    times = selectors.series_load(run=Run.objects.get(public_id="import-1"), key="loss").times
+    assert times.tolist() == [1.7e9 + 10.0 * s for s in range(100)]

@@ -1,0 +1,276 @@
+"""Turns queued log entries into sealed, numbered batch request bodies.
+
+Runs only on the sender thread, so none of this needs a lock. The conversion of values to
+float happens here rather than in log(): it keeps log() cheap and lets numpy / torch
+scalars be converted off the training thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("runcast")
+
+# Numbers per json.dumps() call when encoding a batch (see Batcher._encode).
+_CHUNK = 1_000
+
+EVENT_KINDS = frozenset({"checkpoint", "eval", "resume", "lr_change", "arch_change", "custom"})
+
+
+@dataclass(frozen=True)
+class Event:
+    """A queued run.event(); distinguished from a metrics dict by its type."""
+
+    kind: str
+    payload: dict
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """One batch with its final seq; `body` is exactly what is POSTed or spooled."""
+
+    seq: int
+    body: bytes
+    points: int
+
+
+class Batcher:
+    def __init__(self, session: str, batch_points: int, max_body_bytes: int) -> None:
+        self.session = session
+        self.batch_points = batch_points
+        self.max_body_bytes = max_body_bytes
+        self.seq = 0
+        self.skipped = 0
+        self.opened_at: float | None = None
+        self._metrics: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        self._events: list[dict] = []
+        self._points = 0
+        self._sealed: list[Sealed] = []
+        self._warned: set[str] = set()
+
+    @property
+    def points(self) -> int:
+        return self._points
+
+    def add(self, step: Any, when: float, data: Any) -> None:
+        """Add one queue entry (a metrics dict or an Event)."""
+        if data.__class__ is Event:
+            self._add_event(step, when, data)
+        else:
+            self._add_metrics(step, when, data)
+
+    def take_sealed(self) -> list[Sealed]:
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def seal(self, heartbeat: float | None = None) -> None:
+        """Close the open batch (even an empty one when it carries a heartbeat)."""
+        if not self._points and heartbeat is None:
+            return
+        metrics = {
+            key: {"steps": steps, "values": values, "times": times}
+            for key, (steps, values, times) in self._metrics.items()
+        }
+        events = self._events
+        self._metrics, self._events, self._points, self.opened_at = {}, [], 0, None
+        self._emit_fitting(metrics, events, heartbeat)
+
+    # -- metrics ------------------------------------------------------------------
+
+    def _add_metrics(self, step: Any, when: float, data: dict) -> None:
+        step = self._step(step)
+        if step is None:
+            return
+        # Millisecond times are plenty for a tracker, and shorter floats make the JSON
+        # both smaller and faster to encode.
+        when = round(when, 3)
+        for key, value in data.items():
+            number = value if value.__class__ is float else self._number(key, value)
+            if number is None:
+                continue
+            columns = self._metrics.get(key)
+            if columns is None:
+                if not self._valid_key(key):
+                    continue
+                columns = self._metrics[key] = ([], [], [])
+            columns[0].append(step)
+            columns[1].append(number)
+            columns[2].append(when)
+            self._count_point(when)
+
+    def _count_point(self, when: float) -> None:
+        if self.opened_at is None:
+            self.opened_at = when
+        self._points += 1
+        if self._points >= self.batch_points:
+            self.seal()
+
+    def _step(self, step: Any) -> int | None:
+        if step.__class__ is int and step >= 0:
+            return step
+        try:
+            as_float = float(step)
+            if as_float.is_integer() and as_float >= 0:
+                return int(as_float)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        self._warn("step", f"invalid step {_short(step)}; expected an int >= 0, entry skipped")
+        self.skipped += 1
+        return None
+
+    def _number(self, key: Any, value: Any) -> float | None:
+        """float() of ints, bools, numpy and torch scalars; None (warn once) for the rest."""
+        if isinstance(value, (str, bytes)):
+            self._reject(key, value)
+            return None
+        try:
+            return float(value)
+        except Exception:
+            # Anything float() can raise (torch: RuntimeError for multi-element tensors;
+            # user objects: whatever their __float__ does) must stay on this thread.
+            self._reject(key, value)
+            return None
+
+    def _reject(self, key: Any, value: Any) -> None:
+        self._warn(
+            f"value:{_short(key)}",
+            f"metric {_short(key)}: {type(value).__name__} value {_short(value)} is not a number;"
+            " skipped",
+        )
+        self.skipped += 1
+
+    def _valid_key(self, key: Any) -> bool:
+        if isinstance(key, str) and key:
+            return True
+        shown = _short(key)
+        self._warn(f"key:{shown}", f"metric key {shown} is not a non-empty str; skipped")
+        self.skipped += 1
+        return False
+
+    # -- events -------------------------------------------------------------------
+
+    def _add_event(self, step: Any, when: float, event: Event) -> None:
+        if step is not None:
+            step = self._step(step)
+            if step is None:
+                return
+        kind, payload = event.kind, event.payload
+        if kind not in EVENT_KINDS:
+            # An unknown kind would make the server reject the whole batch (400).
+            payload = {"name": str(kind), **payload}
+            kind = "custom"
+        try:
+            # default=str: Paths, dtypes and the like become strings instead of failing.
+            payload = json.loads(json.dumps(payload, default=str))
+        except (TypeError, ValueError) as exc:
+            self._warn(f"event:{kind}", f"event {kind!r}: payload not JSON ({exc}); skipped")
+            self.skipped += 1
+            return
+        self._events.append({"kind": kind, "step": step, "time": when, "payload": payload})
+        self._count_point(when)
+
+    # -- sealing ------------------------------------------------------------------
+
+    def _emit_fitting(self, metrics: dict, events: list, heartbeat: float | None) -> None:
+        """Number and encode a batch, halving it until every part fits the byte limit.
+
+        The common case encodes exactly once: the body is built with its final seq and
+        only re-encoded when it turns out too big.
+        """
+        parts = [(metrics, events, heartbeat)]
+        while parts:
+            part_metrics, part_events, part_heartbeat = parts.pop(0)
+            seq = self.seq + 1
+            body = self._encode(part_metrics, part_events, part_heartbeat, seq)
+            if len(body) <= self.max_body_bytes:
+                self.seq = seq
+                points = sum(len(c["steps"]) for c in part_metrics.values()) + len(part_events)
+                self._sealed.append(Sealed(seq, body, points))
+                continue
+            halves = _halve(part_metrics, part_events, part_heartbeat)
+            if halves is None:
+                self._warn("oversize", "a single event or point exceeds the request size; skipped")
+                self.skipped += 1
+                continue
+            parts[0:0] = halves
+
+    def _encode(self, metrics: dict, events: list, heartbeat: float | None, seq: int) -> bytes:
+        """JSON for one batch, assembled column by column.
+
+        json.dumps holds the GIL for its whole call; one dumps() of a 10,000-point body is
+        ~10 ms during which log() on the training thread cannot run. Encoding in slices of
+        at most _CHUNK numbers lets the interpreter switch threads in between.
+        """
+        parts = ['{"session":', _dumps(self.session), ',"seq":', str(seq), ',"metrics":{']
+        for index, (key, column) in enumerate(metrics.items()):
+            parts += [
+                "," if index else "",
+                _dumps(key),
+                ':{"steps":',
+                _dump_list(column["steps"]),
+                ',"values":',
+                _dump_list(column["values"]),
+                ',"times":',
+                _dump_list(column["times"]),
+                "}",
+            ]
+        parts += ['},"events":', _dumps(events), ',"heartbeat":', _dumps(heartbeat), "}"]
+        return "".join(parts).encode("utf-8")
+
+    def _warn(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        logger.warning("runcast: %s", message)
+
+
+def _dumps(value: Any) -> str:
+    # allow_nan: NaN / Infinity literals are part of the contract (a diverging loss).
+    return json.dumps(value, separators=(",", ":"), allow_nan=True)
+
+
+def _dump_list(values: list) -> str:
+    if len(values) <= _CHUNK:
+        return _dumps(values)
+    pieces = [_dumps(values[i : i + _CHUNK])[1:-1] for i in range(0, len(values), _CHUNK)]
+    return "[" + ",".join(pieces) + "]"
+
+
+def _halve(
+    metrics: dict, events: list, heartbeat: float | None
+) -> list[tuple[dict, list, float | None]] | None:
+    items: list[tuple[str | None, Any]] = [
+        (key, point)
+        for key, column in metrics.items()
+        for point in zip(column["steps"], column["values"], column["times"])
+    ]
+    items += [(None, event) for event in events]
+    if len(items) < 2:
+        return None
+    middle = len(items) // 2
+    return [_rebuild(items[:middle], heartbeat), _rebuild(items[middle:], None)]
+
+
+def _rebuild(items: list[tuple[str | None, Any]], heartbeat: float | None) -> tuple:
+    metrics: dict[str, dict[str, list]] = {}
+    events: list[dict] = []
+    for key, item in items:
+        if key is None:
+            events.append(item)
+            continue
+        column = metrics.setdefault(key, {"steps": [], "values": [], "times": []})
+        column["steps"].append(item[0])
+        column["values"].append(item[1])
+        column["times"].append(item[2])
+    return metrics, events, heartbeat
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,272 @@
+"""The public run objects and `init()`."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import os
+import socket
+import threading
+import time as _time
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Union
+
+from runcast import lifecycle, transport
+from runcast.batcher import Event
+from runcast.sender import Sender
+from runcast.settings import Settings, resolve
+
+logger = logging.getLogger("runcast")
+
+UNITS = ("steps", "tokens", "samples")
+STATUSES = ("finished", "failed", "crashed")
+
+# Extra seconds finish() waits beyond its deadline: one in-flight request may still be
+# running into its own timeout before the sender can spool the rest.
+_JOIN_SLACK_S = 2.0
+
+
+class Run:
+    """A live run. log()/event() only enqueue; a background thread does the rest."""
+
+    def __init__(self, run_id: str, settings: Settings, create_body: dict[str, Any]) -> None:
+        self.id = run_id
+        self.session: str = create_body["session"]
+        self.url: str | None = None
+        self.attempt: int | None = None
+        self.segment: int | None = None
+        self.settings = settings
+        # A deque with maxlen is the bounded queue: append is atomic under the GIL, so
+        # log() needs no lock, and when full the oldest entry is dropped (counted by
+        # the sender from gaps in the entry numbers).
+        self._queue: collections.deque = collections.deque(maxlen=settings.max_queue)
+        self._numbers = itertools.count()
+        self._auto_step = itertools.count()
+        self._closed = False
+        self._finish_lock = threading.RLock()
+        self._warned: set[str] = set()
+        self._sender = Sender(
+            run_id=run_id,
+            session=self.session,
+            settings=settings,
+            queue=self._queue,
+            on_created=self._on_created,
+        )
+        self._sender.open(transport.encode(create_body))
+        self._sender.start()
+        lifecycle.register(self)
+
+    # -- hot path -----------------------------------------------------------------
+
+    def log(
+        self, data: Mapping[str, Any], step: int | None = None, time: float | None = None
+    ) -> None:
+        """Queue metric values for `step` (default: previous step + 1). Never raises.
+
+        `time` (epoch seconds) defaults to now; importers of old logs pass the original time.
+        """
+        if self._closed:
+            self._warn_once("closed", "log() after finish() is ignored")
+            return
+        try:
+            if step is None:
+                step = next(self._auto_step)
+            elif step.__class__ is int:
+                self._auto_step = itertools.count(step + 1)
+            else:
+                self._auto_step = itertools.count(int(step) + 1)
+            # Copy: trainers often reuse one dict and mutate it between calls.
+            data = dict(data)
+            for key, value in data.items():
+                if value.__class__ is not float and hasattr(value, "detach"):
+                    # A torch tensor may pin its whole autograd graph (activations) until
+                    # the sender converts it; detach() is cheap and needs no GPU sync.
+                    data[key] = value.detach()
+            when = _time.time() if time is None else float(time)
+            self._queue.append((next(self._numbers), step, when, data))
+        except Exception as exc:
+            self._warn_once(f"log:{type(exc).__name__}", f"log() ignored a bad call: {exc!r}")
+
+    def event(self, kind: str, step: int | None = None, **payload: Any) -> None:
+        """Queue an event (checkpoint, eval, resume, lr_change, arch_change, custom)."""
+        if self._closed:
+            self._warn_once("closed", "event() after finish() is ignored")
+            return
+        try:
+            entry = Event(str(kind), dict(payload))
+            self._queue.append((next(self._numbers), step, _time.time(), entry))
+        except Exception as exc:
+            self._warn_once(f"event:{type(exc).__name__}", f"event() ignored: {exc!r}")
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
+        """Flush everything, then mark the run finished/failed/crashed. Idempotent."""
+        if status not in STATUSES:
+            logger.warning("runcast: unknown finish status %r, using 'finished'", status)
+            status = "finished"
+        budget = self.settings.finish_timeout if timeout is None else timeout
+        with self._finish_lock:
+            first = not self._closed
+            self._closed = True
+        if first:
+            self._sender.request_close(status, budget)
+        # Later callers (atexit after finish(), SIGTERM during finish()) also just wait.
+        self._sender.join(budget + self.settings.timeout + _JOIN_SLACK_S)
+        if self._sender.is_alive():
+            logger.warning("runcast: run %s did not flush within %.0fs", self.id, budget)
+        lifecycle.unregister(self)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: logged, dropped (queue full), skipped (bad values), sent, retries..."""
+        return self._sender.stats()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+    def __repr__(self) -> str:
+        return f"<runcast.Run id={self.id!r} url={self.url!r}>"
+
+    # -- internals ----------------------------------------------------------------
+
+    def _on_created(self, payload: dict[str, Any]) -> None:
+        url = payload.get("url")
+        if isinstance(url, str) and url:
+            # The server may answer with a path; users want something they can click.
+            self.url = urllib.parse.urljoin((self.settings.url or "") + "/", url)
+        self.attempt = payload.get("attempt", self.attempt)
+        self.segment = payload.get("segment", self.segment)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("runcast: %s", message)
+
+
+class NoOpRun:
+    """What non-zero ranks (and RUNCAST_MODE=disabled) get: same methods, does nothing."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.id = run_id
+        self.url: str | None = None
+        self.session: str | None = None
+        self.attempt: int | None = None
+        self.segment: int | None = None
+
+    def log(
+        self, data: Mapping[str, Any], step: int | None = None, time: float | None = None
+    ) -> None:
+        return None
+
+    def event(self, kind: str, step: int | None = None, **payload: Any) -> None:
+        return None
+
+    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def __enter__(self) -> NoOpRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<runcast.NoOpRun id={self.id!r}>"
+
+
+AnyRun = Union[Run, NoOpRun]
+
+
+def init(
+    project: str | None = None,
+    name: str | None = None,
+    total_steps: int | None = None,
+    config: Mapping[str, Any] | Any | None = None,
+    deadline: str | None = None,
+    tags: Iterable[str] | None = None,
+    id: str | None = None,
+    unit: str = "steps",
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    mode: str | None = None,
+    dir: str | Path | None = None,
+    all_ranks: bool = False,
+    settings: Settings | None = None,
+) -> AnyRun:
+    """Start (or resume, with the same `id` / RUNCAST_RUN_ID) a run.
+
+    Arguments override RUNCAST_URL / RUNCAST_TOKEN / RUNCAST_MODE / RUNCAST_DIR. In a
+    distributed job only rank 0 logs unless `all_ranks=True`; other ranks get a NoOpRun.
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    overrides = {"url": url, "token": token, "mode": mode, "dir": Path(dir) if dir else None}
+    resolved = resolve(settings, overrides)
+    run_id = str(id or os.environ.get("RUNCAST_RUN_ID") or uuid.uuid4().hex)
+    rank, world_size = _rank(), _env_int("WORLD_SIZE")
+    if resolved.mode == "disabled" or (rank not in (None, 0) and not all_ranks):
+        return NoOpRun(run_id if (id or os.environ.get("RUNCAST_RUN_ID")) else None)
+    if resolved.mode == "online" and not resolved.url:
+        logger.warning("runcast: RUNCAST_URL is not set; running offline (`runcast sync` later)")
+        resolved.mode = "offline"
+    if resolved.mode == "online" and not resolved.token:
+        logger.warning("runcast: RUNCAST_TOKEN is not set; the server will likely refuse")
+    body = {
+        "id": run_id,
+        "project": project or os.environ.get("RUNCAST_PROJECT") or None,
+        "name": name,
+        "total_steps": None if total_steps is None else int(total_steps),
+        "progress_unit": unit,
+        "config": _jsonable_config(config),
+        "tags": [str(tag) for tag in tags or ()],
+        "world_size": world_size,
+        "hosts": [socket.gethostname()],
+        "deadline": deadline,
+        "session": uuid.uuid4().hex,
+        "started_at": _time.time(),
+    }
+    return Run(run_id, resolved, body)
+
+
+def _rank() -> int | None:
+    return _env_int("RANK")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    try:
+        return int(raw) if raw not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _jsonable_config(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping) and hasattr(config, "__dict__"):
+        config = vars(config)  # argparse.Namespace and simple objects
+    try:
+        # default=str: a Path or a dtype in the config should not stop the run.
+        cleaned: dict[str, Any] = json.loads(json.dumps(dict(config), default=str))
+    except (TypeError, ValueError) as exc:
+        logger.warning("runcast: config is not JSON-serialisable (%s); sent empty", exc)
+        return {}
+    return cleaned

@@ -1,0 +1,369 @@
+"""The background thread that drains a run's queue, batches, sends, spools and replays.
+
+State, all owned by this thread:
+
+* online  - batches go straight to the server (with inline retries).
+* backlog - something is spooled for this session; new batches are spooled behind it so
+            order is kept, and a probe (growing interval) replays the folder oldest first.
+* blocked - the server refused the run (401/403/404, or the create was rejected): keep
+            spooling, never call the server again from this process.
+* offline - RUNCAST_MODE=offline: spool only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runcast import spool as spool_mod
+from runcast import transport
+from runcast.batcher import Batcher, Sealed
+from runcast.delivery import Client, ReplayResult, Verdict, classify, record_success, replay
+from runcast.settings import Settings
+
+logger = logging.getLogger("runcast")
+
+# Seconds of replay per tick, so new log entries keep being drained during a long replay.
+_REPLAY_SLICE_S = 1.0
+
+
+class Sender(threading.Thread):
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        session: str,
+        settings: Settings,
+        queue: collections.deque,
+        on_created: Callable[[dict], None],
+    ) -> None:
+        super().__init__(name=f"runcast-sender-{run_id[:12]}", daemon=True)
+        self.run_id = run_id
+        self.session = session
+        self.settings = settings
+        self.queue = queue
+        self.on_created = on_created
+        self.client = Client(settings)
+        self.spool = spool_mod.SessionSpool.for_session(settings.spool_root(), run_id, session)
+        self.batcher = Batcher(session, settings.batch_points, settings.max_body_bytes)
+        self.offline = settings.mode == "offline"
+        self.blocked = False
+        self.backlog = False
+        self._outbox: collections.deque[Sealed] = collections.deque()
+        self._claimed = False
+        self._close_requested = threading.Event()
+        self._status = "finished"
+        self._finish_time = 0.0
+        self._next_probe = 0.0
+        self._probe_delay = settings.probe_interval
+        self._last_heartbeat = time.time()
+        self._outage_logged = False
+        self._spool_error_logged = False
+        self._drop_logged = False
+        self._received = 0
+        self._max_n = -1
+        self._points_sent = 0
+        self._spooled_batches = 0
+        self._poll = min(0.25, max(0.01, settings.flush_interval / 4))
+
+    # -- called from the user's thread --------------------------------------------
+
+    def open(self, create_body: bytes) -> None:
+        """Create the run (one synchronous try) before the thread starts."""
+        if self.offline:
+            self._spool_write(spool_mod.CREATE, create_body)
+            return
+        response = self.client.post("create", self.run_id, create_body, retries=0)
+        verdict = classify("create", response[0])
+        if verdict is Verdict.OK:
+            self.on_created(response[1])
+            return
+        self._spool_write(spool_mod.CREATE, create_body)
+        if verdict is Verdict.BLOCKED:
+            self._block(response, "create")
+        else:
+            self._enter_outage(response, time.time())
+
+    def request_close(self, status: str, timeout: float) -> None:
+        self._status = status
+        self._finish_time = time.time()
+        self.client.deadline = self._finish_time + timeout
+        self.client.interrupt.set()
+        self._close_requested.set()
+
+    def stats(self) -> dict[str, Any]:
+        counters = self.client.counters
+        return {
+            "logged": self._received,
+            "dropped": max(0, self._max_n + 1 - self._received),
+            "skipped": self.batcher.skipped,
+            "points_sent": self._points_sent,
+            "batches_sent": counters.batches_sent,
+            "batches_duplicate": counters.batches_duplicate,
+            "batches_dropped": counters.batches_dropped,
+            "batches_spooled": self._spooled_batches,
+            "files_replayed": counters.files_replayed,
+            "retries": counters.retries,
+            "queued": len(self.queue),
+            "blocked": self.blocked,
+            "backlog": self.backlog,
+        }
+
+    # -- the thread ---------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self._close_requested.wait(self._poll):
+                self._tick(time.time())
+            self._close()
+        except Exception:
+            logger.exception("runcast: background sender failed; later metrics are not sent")
+        finally:
+            self._release()
+
+    def _tick(self, now: float) -> None:
+        started = now
+        while True:
+            drained = self._drain(self.settings.batch_points)
+            self._seal_if_due(now)
+            self._pump(now, closing=False)
+            now = time.time()
+            # Keep draining while the trainer outpaces us, but look up for a close request
+            # at least every second.
+            if drained < self.settings.batch_points or now - started > 1.0:
+                return
+
+    def _drain(self, limit: int | None) -> int:
+        queue, add = self.queue, self.batcher.add
+        count = 0
+        while limit is None or count < limit:
+            try:
+                number, step, when, data = queue.popleft()
+            except IndexError:
+                break
+            count += 1
+            if number > self._max_n:
+                self._max_n = number
+            try:
+                add(step, when, data)
+            except Exception:
+                # One pathological entry must never take the sender thread down.
+                logger.debug("runcast: skipping entry that failed to batch", exc_info=True)
+                self.batcher.skipped += 1
+        self._received += count
+        self._warn_if_dropped()
+        return count
+
+    def _warn_if_dropped(self) -> None:
+        dropped = self._max_n + 1 - self._received
+        if dropped > 0 and not self._drop_logged:
+            self._drop_logged = True
+            logger.warning(
+                "runcast: log queue full (max_queue=%d); dropping the oldest entries",
+                self.settings.max_queue,
+            )
+
+    def _seal_if_due(self, now: float) -> None:
+        opened = self.batcher.opened_at
+        if opened is None:
+            due = self._heartbeat_due(now)  # an empty batch is worth sending as a heartbeat
+        else:
+            due = now - opened >= self.settings.flush_interval
+        if due:
+            self.batcher.seal(heartbeat=self._heartbeat(now))
+
+    def _heartbeat_due(self, now: float) -> bool:
+        # Heartbeats only mean something live: never spool one behind a backlog.
+        live = not (self.offline or self.blocked or self.backlog)
+        return live and now - self._last_heartbeat >= self.settings.heartbeat_interval
+
+    def _heartbeat(self, now: float) -> float | None:
+        if not self._heartbeat_due(now):
+            return None
+        self._last_heartbeat = now
+        return now
+
+    # -- delivery -----------------------------------------------------------------
+
+    def _pump(self, now: float, closing: bool) -> None:
+        self._outbox.extend(self.batcher.take_sealed())
+        if self.offline or self.blocked:
+            self._spool_outbox()
+            return
+        if self.backlog and not self._replay_backlog(now, closing):
+            self._spool_outbox()
+            return
+        self._send_outbox(now)
+
+    def _replay_backlog(self, now: float, closing: bool) -> bool:
+        """Replay the spool if it is time to; True once it is empty."""
+        if not closing and now < self._next_probe:
+            return False
+        budget = self._remaining() if closing else _REPLAY_SLICE_S
+        result = replay(
+            self.client,
+            self.spool,
+            self.run_id,
+            budget_s=budget,
+            on_success=self._on_replayed,
+        )
+        if result is ReplayResult.DONE:
+            self._leave_outage()
+            return True
+        if result is ReplayResult.PARTIAL:
+            self._next_probe = now  # server is up: continue on the next tick
+        elif result is ReplayResult.BLOCKED:
+            self.blocked = True
+        else:
+            self._schedule_probe(now)
+        return False
+
+    def _send_outbox(self, now: float) -> None:
+        while self._outbox:
+            sealed = self._outbox[0]
+            response = self.client.post(
+                "batch", self.run_id, sealed.body, retries=self.settings.max_retries
+            )
+            verdict = classify("batch", response[0])
+            if verdict is Verdict.OK:
+                record_success(self.client.counters, "batch", response)
+                self._points_sent += sealed.points
+            elif verdict is Verdict.DROP:
+                self.client.warn_once("batch", response, f"dropping batch seq {sealed.seq}")
+                self.client.counters.batches_dropped += 1
+            elif verdict is Verdict.BLOCKED:
+                self._block(response, "batch")
+                self._spool_outbox()
+                return
+            else:
+                self._enter_outage(response, time.time())
+                self._spool_outbox()
+                return
+            self._outbox.popleft()
+
+    def _on_replayed(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "create":
+            self.on_created(payload)
+        elif kind == "batch":
+            # Replayed batches are counted as the server reports them (0 for a duplicate).
+            accepted = payload.get("accepted")
+            self._points_sent += accepted if isinstance(accepted, int) else 0
+
+    # -- outage / blocked bookkeeping ----------------------------------------------
+
+    def _enter_outage(self, response: transport.Response, now: float) -> None:
+        self.backlog = True
+        self._schedule_probe(now)
+        if self._outage_logged:
+            return
+        self._outage_logged = True
+        status, payload, _ = response
+        logger.warning(
+            "runcast: server unavailable (HTTP %s: %s); spooling to %s and retrying in the"
+            " background",
+            status or "-",
+            payload.get("error", "-"),
+            self.spool.path,
+        )
+
+    def _leave_outage(self) -> None:
+        self.backlog = False
+        self._probe_delay = self.settings.probe_interval
+        if self._outage_logged:
+            self._outage_logged = False
+            logger.info("runcast: server reachable again; spooled data replayed")
+
+    def _schedule_probe(self, now: float) -> None:
+        delay = self._probe_delay * (0.5 + random.random() / 2)
+        self._next_probe = max(now + delay, self.client.not_before)
+        self._probe_delay = min(self.settings.probe_interval_max, self._probe_delay * 2)
+
+    def _block(self, response: transport.Response, kind: str) -> None:
+        self.blocked = True
+        hint = "check RUNCAST_TOKEN" if response[0] == 401 else "check the run's project/deadline"
+        self.client.warn_once(
+            kind,
+            response,
+            f"not sending any more; data kept in {self.spool.path} ({hint}, then `runcast sync`)",
+        )
+
+    # -- spool --------------------------------------------------------------------
+
+    def _spool_outbox(self) -> None:
+        while self._outbox:
+            sealed = self._outbox.popleft()
+            if not self._spool_write(spool_mod.batch_name(sealed.seq), sealed.body):
+                self.client.counters.batches_dropped += 1
+                continue
+            self._spooled_batches += 1
+            if not self.offline:
+                self.backlog = True
+
+    def _spool_write(self, name: str, body: bytes) -> bool:
+        try:
+            if not self._claimed:
+                self.spool.claim(self.run_id, self.session, self.settings.url)
+                self._claimed = True
+            self.spool.write(name, body)
+        except OSError as exc:
+            if not self._spool_error_logged:
+                self._spool_error_logged = True
+                logger.error("runcast: cannot write spool %s (%s); data dropped", name, exc)
+            return False
+        return True
+
+    def _release(self) -> None:
+        if not self._claimed:
+            return
+        try:
+            self.spool.release()
+        except OSError:
+            logger.debug("runcast: could not release spool folder", exc_info=True)
+
+    # -- closing ------------------------------------------------------------------
+
+    def _close(self) -> None:
+        self._drain(None)
+        self.batcher.seal()
+        self._pump(time.time(), closing=True)
+        body = transport.encode(
+            {"status": self._status, "time": self._finish_time, "session": self.session}
+        )
+        if not self._send_finish(body):
+            self._spool_write(spool_mod.FINISH, body)
+        self._report_leftovers()
+
+    def _send_finish(self, body: bytes) -> bool:
+        """True when the finish is settled (sent, or rejected as bad) and need not be spooled."""
+        if self.offline or self.blocked or self.backlog or self._outbox:
+            return False
+        response = self.client.post("finish", self.run_id, body, self.settings.max_retries)
+        verdict = classify("finish", response[0])
+        if verdict is Verdict.DROP:
+            self.client.warn_once("finish", response, "finish not recorded")
+        if verdict is Verdict.BLOCKED:
+            self._block(response, "finish")
+        return verdict in (Verdict.OK, Verdict.DROP)
+
+    def _report_leftovers(self) -> None:
+        if not self._claimed:
+            return
+        left = len(self.spool.pending())
+        if not left:
+            return
+        log = logger.info if self.offline else logger.warning
+        log(
+            "runcast: %d request file(s) for run %s kept in %s; upload with `runcast sync`",
+            left,
+            self.run_id,
+            self.spool.path,
+        )
+
+    def _remaining(self) -> float:
+        deadline = self.client.deadline
+        return max(0.0, deadline - time.time()) if deadline is not None else 0.0

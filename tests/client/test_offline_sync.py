@@ -1,0 +1,155 @@
+"""Offline mode, the on-disk spool, and `runcast sync`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import runcast
+from runcast import cli
+
+from tests.client.conftest import MakeSettings
+from tests.client.fakeserver import TOKEN, FakeServer
+from tests.client.helpers import spool_files
+
+
+def _offline_run(make_settings: MakeSettings, steps: int = 2_500) -> runcast.Run:
+    settings = make_settings(None, mode="offline", batch_points=1_000)
+    run = runcast.init(project="p", name="offline", settings=settings)
+    assert isinstance(run, runcast.Run)
+    for step in range(steps):
+        run.log({"loss": float(step), "nan": float("nan")}, step=step)
+    run.event("checkpoint", step=steps - 1, path="/ckpt")
+    run.finish()
+    return run
+
+
+def test_offline_writes_only_to_spool(make_settings: MakeSettings, spool_dir: Path) -> None:
+    run = _offline_run(make_settings)
+    names = [p.name for p in spool_files(spool_dir)]
+    assert "create.json" in names
+    assert "finish.json" in names
+    assert "lock" not in names, "lock released when the run finished"
+    assert not any(name.startswith(".tmp-") for name in names)
+    batches = sorted(n for n in names if n.startswith("batch-"))
+    assert len(batches) >= 5
+    first = json.loads(next(p for p in spool_files(spool_dir) if p.name == batches[0]).read_text())
+    assert first["seq"] == 1
+    assert first["session"] == run.session
+
+
+def test_sync_uploads_offline_run_once(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = _offline_run(make_settings)
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    state = server.run(run.id)
+    assert sorted(s for s, _ in state.points["loss"]) == list(range(2_500))
+    assert len(state.points["nan"]) == 2_500
+    assert state.events[0]["kind"] == "checkpoint"
+    assert state.finishes[0]["status"] == "finished"
+    assert state.body["name"] == "offline"
+    assert not spool_files(spool_dir), "spool folder removed after a full sync"
+    assert "ok" in capsys.readouterr().out
+    # Running sync again is a no-op.
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert server.state.count("batch") == len(state.seqs)
+
+
+def test_sync_replay_is_idempotent(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sync interrupted after the server stored a batch (but before the file was deleted)
+    re-sends it with the same session+seq, so the server ignores the copy."""
+    _offline_run(make_settings, steps=1_500)
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    copies = [(p, p.read_bytes()) for p in spool_files(spool_dir) if p.name.startswith("batch-")]
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    for path, data in copies:  # resurrect the files as if deletion had never happened
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        (path.parent / "meta.json").write_text(json.dumps({"run_id": server.run().id}))
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert server.state.duplicates == len(copies)
+    assert server.state.total_points() == 3_000
+
+
+def test_sync_keeps_files_on_bad_token(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _offline_run(make_settings, steps=10)
+    monkeypatch.setenv("RUNCAST_TOKEN", "rc_wrong_token")
+    before = spool_files(spool_dir)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 1
+    assert spool_files(spool_dir) == before
+    assert server.state.count("create") == 1, "a 401 stops the sync instead of spinning"
+
+
+def test_sync_retries_transient_errors(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _offline_run(make_settings, steps=10)
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    monkeypatch.setenv("RUNCAST_BACKOFF_BASE", "0.01")
+    monkeypatch.setenv("RUNCAST_BACKOFF_MAX", "0.02")
+    server.script("batch", (502, {"error": "bad gateway"}, {}))
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert server.state.total_points() == 20
+
+
+def test_sync_without_url_is_an_error(make_settings: MakeSettings, spool_dir: Path) -> None:
+    _offline_run(make_settings, steps=5)
+    assert cli.main(["sync", "--dir", str(spool_dir)]) == 1
+    assert spool_files(spool_dir)
+
+
+def test_console_script_sync(
+    make_settings: MakeSettings, spool_dir: Path, server: FakeServer
+) -> None:
+    """The installed `runcast` entry point (or `python -m runcast`) runs the same sync."""
+    run = _offline_run(make_settings, steps=100)
+    env = {**os.environ, "RUNCAST_TOKEN": TOKEN, "RUNCAST_URL": server.url}
+    script = Path(sys.executable).with_name("runcast")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "runcast"]
+    done = subprocess.run(
+        [*command, "sync", "--dir", str(spool_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert TOKEN not in done.stdout + done.stderr
+    assert len(server.run(run.id).points["loss"]) == 100
+
+
+def test_env_mode_offline(
+    make_settings: MakeSettings, spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RUNCAST_MODE", "offline")
+    monkeypatch.setenv("RUNCAST_DIR", str(spool_dir))
+    monkeypatch.setenv("RUNCAST_URL", "http://127.0.0.1:9")  # never contacted
+    run = runcast.init(name="env-offline")
+    run.log({"loss": 1.0}, step=0)
+    run.finish()
+    assert run.url is None
+    assert any(p.name == "finish.json" for p in spool_files(spool_dir))
