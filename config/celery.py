@@ -47,5 +47,19 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 55},
     },
+    # Alerts' outbox sweep: dispatch flags and run endings whose enqueue was lost, re-enqueue due
+    # delivery retries, and fail sends a dead worker abandoned. Every step is idempotent.
+    "sweep-alerts": {
+        "task": "alerts.tasks.sweep_alerts",
+        "schedule": 60.0,
+        "options": {"expires": 55},
+    },
+    # The daily digest to project owners. Hourly, because "08:00" is per project timezone; a
+    # Digest row per (project, local day) makes the other 23 ticks no-ops.
+    "send-alert-digests": {
+        "task": "alerts.tasks.send_digests",
+        "schedule": 3600.0,
+        "options": {"expires": 3300},
+    },
 }
 app.autodiscover_tasks()

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    name = "alerts"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Subscribe to tracker's run_finished and to new Flag rows; receivers only enqueue.
+        from alerts import receivers  # noqa: F401

@@ -1,0 +1,275 @@
+"""What a notification says: numbers gathered and formatted here, words in templates/alerts/.
+
+Flag.data holds an estimator's to_dict(); keys differ by kind and may be missing (older rows,
+estimators that changed), so every read is defensive and a missing number drops its fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.template.loader import render_to_string
+
+from alerts.kinds import BY_KEY
+from alerts.models import Notification
+from forecasting.models import Flag, Forecast
+from tracker.models import Run
+
+DIVERGENCE_KINDS = ("nan", "spike", "rise", "oscillation", "regression")
+SEVERITY_MARK = {"info": "\u2139\ufe0f", "warning": "\u26a0\ufe0f", "critical": "\U0001f6a8"}
+
+
+@dataclass
+class Message:
+    """One rendered alert, shared by every transport."""
+
+    subject: str
+    text: str
+    html: str
+    headline: str
+    facts: list[tuple[str, str]]
+    url: str
+    severity: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+def run_url(run: Run) -> str:
+    return f"{settings.SITE_URL.rstrip('/')}/runs/{run.project.slug}/{run.public_id}/"
+
+
+def _num(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def when(epoch_s: float | None, tz: tzinfo, *, with_zone: bool = False) -> str:
+    if epoch_s is None:
+        return "?"
+    moment = datetime.fromtimestamp(epoch_s, tz=tz)
+    return moment.strftime("%m-%d %H:%M %Z" if with_zone else "%m-%d %H:%M")
+
+
+def span(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = abs(seconds)
+    if seconds >= 86400:
+        days = seconds / 86400
+        return f"{days:.0f} d" if days == int(days) else f"{days:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def step(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
+def money(amount: float | None, currency: str) -> str | None:
+    if amount is None:
+        return None
+    symbol = {"USD": "$", "EUR": "€", "GBP": "£"}.get(currency)
+    return f"{symbol}{amount:,.0f}" if symbol else f"{amount:,.0f} {currency}"
+
+
+def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+    gpus = run.world_size
+    return {
+        "onset": step(_num(data, "onset_step")) if _num(data, "onset_step") is not None else None,
+        "detected": step(_num(data, "detected_step")) if _num(data, "detected_step") else None,
+        "rollback": step(_num(data, "rollback_step")) if _num(data, "rollback_step") else None,
+        "regression_to": step(_num(data, "regression_to_step"))
+        if _num(data, "regression_to_step") is not None
+        else None,
+        "wasted": span(_num(data, "wasted_s")) if _num(data, "wasted_s") is not None else None,
+        "gpus": gpus,
+        "cost": money(_num(data, "cost"), run.project.currency),
+        "layers_first": ", ".join(str(x) for x in data.get("layers_first") or [])[:200],
+    }
+
+
+def _p50_history(run: Run, at: datetime) -> tuple[float | None, float | None]:
+    """P50 finish now and 24 h before `at` (the oldest forecast inside that window)."""
+    rows = Forecast.objects.filter(
+        run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False, computed_at__lte=at
+    )
+    latest = rows.order_by("-computed_at", "-id").values_list("finish_p50", flat=True).first()
+    before = (
+        rows.filter(computed_at__gte=at - timedelta(hours=24))
+        .order_by("computed_at", "id")
+        .values_list("finish_p50", flat=True)
+        .first()
+    )
+    return before, latest
+
+
+def _deadline_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str, Any]:
+    deadline = run.deadline
+    p = _num(data, "p_on_time")
+    speedup = _num(data, "speedup_for_p90")
+    cut = _num(data, "steps_cut_for_p90")
+    before, latest = _p50_history(run, at)
+    ctx: dict[str, Any] = {
+        "deadline": data.get("deadline") if isinstance(data.get("deadline"), str) else None,
+        "p_pct": None if p is None else f"{100 * p:.0f}%",
+        "speedup_pct": f"{100 * speedup:.0f}%" if speedup else None,
+        "steps_cut": step(cut) if cut else None,
+        "p50_from": None,
+        "p50_to": None,
+    }
+    tz = run.project.tzinfo
+    if deadline is not None:
+        dtz = ZoneInfo(deadline.timezone)
+        ctx.update(
+            deadline=deadline.name,
+            cutoff=when(deadline.cutoff.timestamp(), dtz, with_zone=True),
+            buffer=span(deadline.buffer.total_seconds()) if deadline.buffer else None,
+            train_by=when(deadline.train_by.timestamp(), dtz, with_zone=True),
+        )
+        tz = dtz
+    if latest is not None:
+        ctx["p50_to"] = when(latest, tz)
+        if before is not None and abs(latest - before) >= 60:
+            ctx["p50_from"] = when(before, tz)
+    return ctx
+
+
+def _slip_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+    tz = run.project.tzinfo
+    return {
+        "from": when(_num(data, "from_finish"), tz) if _num(data, "from_finish") else None,
+        "to": when(_num(data, "to_finish"), tz) if _num(data, "to_finish") else None,
+        "amount": span(_num(data, "amount_s")) if _num(data, "amount_s") is not None else None,
+        "window": span(_num(data, "window_s")) if _num(data, "window_s") is not None else None,
+    }
+
+
+def _stalled_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+    silent = _num(data, "silent_s")
+    usual = _num(data, "usual_interval_s")
+    return {
+        "crashed": data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED,
+        "silent": span(silent) if silent is not None else None,
+        "usual": span(usual) if usual is not None else None,
+    }
+
+
+def _end_context(run: Run) -> dict[str, Any]:
+    duration = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
+    return {
+        "status": run.status,
+        "last_step": step(run.last_step) if run.last_step is not None else None,
+        "total_steps": step(run.total_steps) if run.total_steps else None,
+        "duration": span(duration) if duration is not None else None,
+    }
+
+
+def context_for(
+    *, run: Run, kind: str, event: str, severity: str, flag: Flag | None, at: datetime
+) -> dict[str, Any]:
+    data: dict[str, Any] = dict(flag.data or {}) if flag is not None else {}
+    rule = BY_KEY.get(kind) or next((k for k in BY_KEY.values() if kind in k.sources), None)
+    ctx: dict[str, Any] = {
+        "run": str(run),
+        "run_id": run.public_id,
+        "project": run.project.name,
+        "project_slug": run.project.slug,
+        "kind": kind,
+        "label": rule.label if rule else kind,
+        "event": event,
+        "resolved": event == Flag.State.RESOLVED,
+        "severity": severity,
+        "mark": SEVERITY_MARK.get(severity, ""),
+        "explanation": flag.explanation if flag is not None else "",
+        "url": run_url(run),
+        "when": when(at.timestamp(), run.project.tzinfo, with_zone=True),
+    }
+    if kind in DIVERGENCE_KINDS:
+        ctx["d"] = _divergence_context(run, data)
+    elif kind == "deadline":
+        ctx["d"] = _deadline_context(run, data, at)
+    elif kind == "slip":
+        ctx["d"] = _slip_context(run, data)
+    elif kind == "stalled":
+        ctx["d"] = _stalled_context(run, data)
+    elif kind in ("finished", "failed"):
+        ctx["d"] = _end_context(run)
+    else:
+        ctx["d"] = {}
+    return ctx
+
+
+def _facts(ctx: dict[str, Any]) -> list[tuple[str, str]]:
+    text = render_to_string("alerts/facts.txt", ctx)
+    facts = []
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if sep and value.strip():
+            facts.append((label.strip(), value.strip()))
+    return facts
+
+
+def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
+    headline = " ".join(render_to_string("alerts/headline.txt", ctx).split())
+    ctx = {**ctx, "headline": headline, "facts": _facts(ctx)}
+    subject = " ".join(render_to_string("alerts/email/subject.txt", ctx).split())
+    return Message(
+        subject=subject,
+        text=render_to_string("alerts/email/body.txt", ctx),
+        html=render_to_string("alerts/email/body.html", ctx),
+        headline=headline,
+        facts=ctx["facts"],
+        url=ctx["url"],
+        severity=ctx["severity"],
+        payload={**payload, "headline": headline, "facts": dict(ctx["facts"])},
+    )
+
+
+def message_for(notification: Notification) -> Message:
+    n = notification
+    run = n.run
+    at = n.flag.created_at if n.flag is not None else (run.ended_at or n.created_at)
+    ctx = context_for(run=run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at)
+    payload = {
+        "id": str(n.public_id),
+        "type": "flag" if n.flag is not None else "run",
+        "project": run.project.slug,
+        "run": {"id": run.public_id, "name": str(run), "status": run.status, "url": ctx["url"]},
+        "kind": n.kind,
+        "rule": n.rule_kind,
+        "event": n.event,
+        "severity": n.severity,
+        "at": at.astimezone(UTC).isoformat(),
+        "explanation": ctx["explanation"],
+        "onset_step": n.flag.onset_step if n.flag is not None else None,
+        "data": dict(n.flag.data or {}) if n.flag is not None else {},
+    }
+    return render(ctx, payload)
+
+
+def message_for_test(*, run_name: str, project: Any, url: str) -> Message:
+    ctx = {
+        "run": run_name,
+        "project": project.name,
+        "project_slug": project.slug,
+        "kind": "test",
+        "label": "Test message",
+        "event": "test",
+        "resolved": False,
+        "severity": "info",
+        "mark": SEVERITY_MARK["info"],
+        "explanation": "This is a test message from Runcast: this channel works.",
+        "url": url,
+        "when": "",
+        "d": {},
+    }
+    payload = {"type": "test", "project": project.slug, "kind": "test", "event": "test"}
+    return render(ctx, payload)

@@ -1,0 +1,458 @@
+"""Alert work: default rules, channels, the dispatcher (outbox → notifications), delivery with
+retries, and the daily digest. Tasks only call these; views only call these.
+
+Exactly-once per (event, channel) rests on two database facts, not on the queue:
+  1. a Flag is claimed by `UPDATE ... SET processed_at WHERE processed_at IS NULL` and its
+     notifications are created in the same transaction (two dispatchers: one wins, one no-ops);
+  2. a Notification is unique on (event_key, channel) and is sent only by the worker whose
+     `UPDATE ... SET status='sending' WHERE status='pending'` changed one row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from alerts import conf
+from alerts.kinds import BY_KEY, RULE_KINDS, RuleKind, rule_kind_for
+from alerts.messages import message_for, message_for_test
+from alerts.models import Channel, Digest, Notification, Rule
+from alerts.transports import TransportError, transport_for
+from forecasting.models import Flag
+from tracker.models import Membership, Project, Run
+
+logger = logging.getLogger(__name__)
+
+# Run endings are also picked up by the sweeper for this long after ended_at, in case the
+# run_finished task was lost; the (run, status, segment) key keeps that from sending twice.
+RUN_END_SWEEP_WINDOW = timedelta(hours=1)
+# A notification left in "sending" this long lost its worker mid-send. It may or may not have
+# arrived, so it is marked failed rather than retried: nothing is ever sent twice.
+STUCK_SENDING_AFTER = timedelta(minutes=10)
+MAX_BACKOFF_S = 3600.0
+ACTIVE = (Notification.Status.PENDING, Notification.Status.SENDING, Notification.Status.SENT)
+RAISES = (Flag.State.RAISED, Flag.State.UPDATED)
+S = Notification.Status
+
+
+# --- rules and channels -----------------------------------------------------------------------
+
+
+@transaction.atomic
+def rules_ensure_defaults(*, project: Project) -> list[Rule]:
+    """Create the missing rule of every kind, on, with its default threshold. Idempotent.
+
+    Called lazily (dispatcher, pages) so new projects and new rule kinds need no migration.
+    """
+    existing = set(Rule.objects.filter(project=project).values_list("kind", flat=True))
+    missing = [k for k in RULE_KINDS if k.key not in existing]
+    if missing:
+        # Serialise concurrent first calls for one project (the default Slack channel below).
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        Rule.objects.bulk_create(
+            [
+                Rule(
+                    project=project,
+                    kind=k.key,
+                    severity=k.default_severity,
+                    threshold=k.default_threshold,
+                )
+                for k in missing
+            ],
+            ignore_conflicts=True,
+        )
+        url = conf.slack_webhook_url()
+        if not existing and url and not project.alert_channels.exists():
+            Channel.objects.create(
+                project=project, kind=Channel.Kind.SLACK, name="Slack (default)", target=url
+            )
+    return list(Rule.objects.filter(project=project).prefetch_related("channels"))
+
+
+def channel_create(*, project: Project, kind: str, name: str, target: str) -> Channel:
+    return Channel.objects.create(project=project, kind=kind, name=name, target=target.strip())
+
+
+def channel_update(*, channel: Channel, name: str, target: str, enabled: bool) -> Channel:
+    channel.name = name
+    channel.target = target.strip()
+    if enabled and not channel.enabled:
+        # Re-enabling is the user saying "fixed": the old reason no longer applies.
+        channel.disabled_reason = ""
+        channel.disabled_at = None
+    channel.enabled = enabled
+    channel.save()
+    return channel
+
+
+def channel_delete(*, channel: Channel) -> None:
+    channel.delete()
+
+
+def channel_disable(*, channel_id: int, reason: str, now: datetime | None = None) -> bool:
+    """Stop delivering to a channel after a permanent error; keep why for the UI."""
+    now = now or timezone.now()
+    return bool(
+        Channel.objects.filter(pk=channel_id, enabled=True).update(
+            enabled=False, disabled_reason=reason[:1000], disabled_at=now
+        )
+    )
+
+
+def channel_test(*, channel: Channel) -> str | None:
+    """Send a test message now; return the error text, or None when it was accepted.
+
+    A failing test does not disable the channel: the user is looking at the answer.
+    """
+    project = channel.project
+    message = message_for_test(
+        run_name="test-run", project=project, url=f"{_site()}/projects/{project.slug}/alerts/"
+    )
+    try:
+        transport_for(channel).notify(message)
+    except TransportError as e:
+        return e.message
+    return None
+
+
+def _site() -> str:
+    from django.conf import settings
+
+    return settings.SITE_URL.rstrip("/")
+
+
+def rule_update(
+    *,
+    rule: Rule,
+    severity: str,
+    threshold: float | None,
+    channels: list[Channel],
+    muted: bool,
+    cooldown: timedelta,
+) -> Rule:
+    if any(c.project_id != rule.project_id for c in channels):
+        raise ValueError("a rule can only send to its own project's channels")
+    rule.severity = severity
+    rule.threshold = threshold
+    rule.muted = muted
+    rule.cooldown = cooldown
+    rule.save()
+    rule.channels.set(channels)
+    return rule
+
+
+# --- dispatch: outbox rows → notification rows ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    run: Run
+    rule_kind: RuleKind
+    kind: str
+    event: str
+    event_key: str
+    at: datetime
+    flag: Flag | None = None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return dict(self.flag.data or {}) if self.flag is not None else {}
+
+
+def flags_dispatch(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Turn unprocessed flags into notifications, oldest first; return notifications created."""
+    ids = list(
+        Flag.objects.filter(processed_at__isnull=True)
+        .order_by("created_at", "id")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return sum(len(flag_dispatch(flag_id=flag_id, now=now)) for flag_id in ids)
+
+
+@transaction.atomic
+def flag_dispatch(*, flag_id: int, now: datetime | None = None) -> list[Notification]:
+    now = now or timezone.now()
+    # The claim: of two dispatchers, only the one whose UPDATE changed the row goes on. The
+    # notifications are created in the same transaction, so a crash un-claims the flag.
+    if not Flag.objects.filter(pk=flag_id, processed_at__isnull=True).update(processed_at=now):
+        return []
+    flag = Flag.objects.select_related("run__project", "run__deadline").get(pk=flag_id)
+    rule_kind = rule_kind_for(flag.kind)
+    if rule_kind is None:
+        return []  # a kind no rule covers yet: processed, nothing to say
+    event = Event(
+        run=flag.run,
+        rule_kind=rule_kind,
+        kind=flag.kind,
+        event=flag.state,
+        event_key=f"flag:{flag.pk}",
+        at=flag.created_at,
+        flag=flag,
+    )
+    return _notifications_create(event=event)
+
+
+def run_end_dispatch(*, run_id: int) -> list[Notification]:
+    """Notify a run's ending (finished / failed / reported crashed). Idempotent per ending."""
+    run = Run.objects.select_related("project", "deadline").filter(pk=run_id).first()
+    if run is None or not _has_ended(run):
+        return []
+    kind = "finished" if run.status == Run.Status.FINISHED else "failed"
+    event = Event(
+        run=run,
+        rule_kind=BY_KEY[kind],
+        kind=kind,
+        event="ended",
+        # The segment makes a resumed-then-finished-again run a new ending, and a repeated
+        # finish call of the same attempt the same one.
+        event_key=f"run:{run.pk}:{run.status}:{run.current_segment}",
+        at=run.ended_at or run.last_seen_at,
+    )
+    with transaction.atomic():
+        return _notifications_create(event=event)
+
+
+def _has_ended(run: Run) -> bool:
+    if run.status in (Run.Status.FINISHED, Run.Status.FAILED):
+        return True
+    # A crash the client reported has an ended_at. One the sweeper detected has none: it arrives
+    # as a "stalled" flag instead, so it is not announced twice.
+    return run.status == Run.Status.CRASHED and run.ended_at is not None
+
+
+def runs_ended_dispatch(*, now: datetime | None = None) -> int:
+    now = now or timezone.now()
+    ids = Run.objects.filter(
+        status__in=(Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CRASHED),
+        ended_at__gte=now - RUN_END_SWEEP_WINDOW,
+    ).values_list("pk", flat=True)
+    return sum(len(run_end_dispatch(run_id=run_id)) for run_id in ids)
+
+
+def _rule_for(event: Event) -> Rule | None:
+    rules_ensure_defaults(project=event.run.project)
+    return (
+        Rule.objects.filter(project=event.run.project, kind=event.rule_kind.key)
+        .prefetch_related("channels")
+        .first()
+    )
+
+
+def _passes_threshold(rule: Rule, event: Event) -> bool:
+    if event.event == Flag.State.RESOLVED or event.rule_kind.passes is None:
+        return True
+    if rule.threshold is None:
+        return True
+    severity = event.flag.severity if event.flag is not None else None
+    return event.rule_kind.passes(severity, event.data, rule.threshold)
+
+
+def _channels_for(rule: Rule) -> list[Channel]:
+    chosen = list(rule.channels.all())
+    if chosen:
+        return [c for c in chosen if c.enabled]
+    return list(Channel.objects.filter(project_id=rule.project_id, enabled=True))
+
+
+def _notifications_create(*, event: Event) -> list[Notification]:
+    rule = _rule_for(event)
+    if rule is None or rule.muted or not _passes_threshold(rule, event):
+        return []
+    created = []
+    for channel in _channels_for(rule):
+        gate = _gate(rule=rule, channel=channel, event=event)
+        if gate is None:
+            continue
+        status, reason = gate
+        notification, was_created = Notification.objects.get_or_create(
+            event_key=event.event_key,
+            channel=channel,
+            defaults={
+                "run": event.run,
+                "flag": event.flag,
+                "rule_kind": rule.kind,
+                "kind": event.kind,
+                "event": event.event,
+                "severity": rule.severity,
+                "status": status,
+                "reason": reason,
+                "created_at": event.at,
+                "next_attempt_at": event.at,
+            },
+        )
+        if was_created:
+            created.append(notification)
+            if status == S.PENDING:
+                _enqueue(notification.pk)
+    return created
+
+
+def _gate(*, rule: Rule, channel: Channel, event: Event) -> tuple[str, str] | None:
+    """(status, reason) for a new notification, or None when there is nothing to record.
+
+    Raises within the cooldown of an earlier raise on the same (run, rule, channel) are recorded
+    as suppressed. A resolve is sent only if that channel's last word on the kind was a raise,
+    so a flapping flag produces at most one raise and one resolve per cooldown.
+    """
+    history = Notification.objects.filter(run=event.run, channel=channel)
+    if event.event in RAISES:
+        recent = (
+            history.filter(
+                rule_kind=rule.kind,
+                event__in=RAISES,
+                status__in=ACTIVE,
+                created_at__gte=event.at - rule.cooldown,
+                created_at__lte=event.at,
+            )
+            .order_by("-created_at")
+            .first()
+        )
+        if recent is not None:
+            sent = f"{recent.created_at:%m-%d %H:%M} UTC"
+            return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
+        return S.PENDING, ""
+    if event.event == Flag.State.RESOLVED:
+        same_kind = history.filter(kind=event.kind)
+        last = same_kind.filter(status__in=ACTIVE).order_by("-created_at", "-id").first()
+        if last is not None and last.event in RAISES:
+            return S.PENDING, ""
+        if same_kind.exists():
+            return S.SUPPRESSED, "its raise was not delivered on this channel (cooldown or failure)"
+        return None
+    return S.PENDING, ""
+
+
+def _enqueue(notification_id: int) -> None:
+    from alerts.tasks import deliver_notification
+
+    deliver_notification.delay_on_commit(notification_id)
+
+
+# --- delivery ---------------------------------------------------------------------------------
+
+
+def notification_deliver(*, notification_id: int, now: datetime | None = None) -> float | None:
+    """Send one notification if it is pending and due; return seconds until a retry, if any."""
+    now = now or timezone.now()
+    claimed = Notification.objects.filter(
+        pk=notification_id, status=S.PENDING, next_attempt_at__lte=now
+    ).update(status=S.SENDING, tries=F("tries") + 1, claimed_at=now)
+    if not claimed:
+        return None
+    n = Notification.objects.select_related(
+        "channel__project", "run__project", "run__deadline", "flag"
+    ).get(pk=notification_id)
+    if not n.channel.enabled:
+        _settle(n, S.FAILED, f"channel disabled: {n.channel.disabled_reason or 'by a user'}")
+        return None
+    try:
+        transport_for(n.channel).notify(message_for(n))
+    except TransportError as e:
+        return _after_error(n, e, now)
+    _settle(n, S.SENT, "", sent_at=timezone.now())
+    return None
+
+
+def _settle(n: Notification, status: str, reason: str, **extra: Any) -> None:
+    Notification.objects.filter(pk=n.pk, status=S.SENDING).update(
+        status=status, reason=reason[:2000], **extra
+    )
+
+
+def _after_error(n: Notification, e: TransportError, now: datetime) -> float | None:
+    if e.permanent:
+        _settle(n, S.FAILED, f"permanent error: {e.message}")
+        channel_disable(channel_id=n.channel_id, reason=e.message, now=now)
+        logger.warning("channel %s disabled: %s", n.channel_id, e.message)
+        return None
+    if n.tries >= conf.max_tries():
+        _settle(n, S.FAILED, f"gave up after {n.tries} tries: {e.message}")
+        return None
+    delay = min(conf.backoff_base_s() * 4 ** (n.tries - 1), MAX_BACKOFF_S)
+    _settle(
+        n,
+        S.PENDING,
+        f"try {n.tries} failed: {e.message}",
+        next_attempt_at=now + timedelta(seconds=delay),
+    )
+    return delay
+
+
+def notifications_requeue(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Enqueue due pending notifications whose task was lost; fail those a worker abandoned."""
+    now = now or timezone.now()
+    Notification.objects.filter(status=S.SENDING, claimed_at__lt=now - STUCK_SENDING_AFTER).update(
+        status=S.FAILED,
+        reason="the worker stopped while sending; not retried so it cannot arrive twice",
+    )
+    ids = list(
+        Notification.objects.filter(status=S.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for notification_id in ids:
+        _enqueue(notification_id)
+    return len(ids)
+
+
+def alerts_sweep(*, now: datetime | None = None) -> None:
+    """Beat: the queue is a hint, the database the truth."""
+    now = now or timezone.now()
+    flags_dispatch(now=now)
+    runs_ended_dispatch(now=now)
+    notifications_requeue(now=now)
+
+
+# --- daily digest -----------------------------------------------------------------------------
+
+
+def digests_send_due(*, now: datetime | None = None) -> int:
+    """Send today's digest of every project whose local time is past the digest hour."""
+    now = now or timezone.now()
+    sent = 0
+    for project in Project.objects.order_by("pk"):
+        local = now.astimezone(project.tzinfo)
+        if local.hour >= conf.digest_hour() and digest_send(
+            project=project, day=local.date(), now=now
+        ):
+            sent += 1
+    return sent
+
+
+def digest_send(*, project: Project, day: date, now: datetime) -> bool:
+    """Email the project's owners a summary of its runs against their deadlines, once a day."""
+    from alerts.digest import digest_message
+    from alerts.transports.email import send_email
+
+    recipients = sorted(
+        {
+            email
+            for email in Membership.objects.filter(
+                project=project, role=Membership.Role.OWNER
+            ).values_list("user__email", flat=True)
+            if email
+        }
+    )
+    message = digest_message(project=project, now=now)
+    if not recipients or message is None:
+        return False
+    digest, created = Digest.objects.get_or_create(
+        project=project, day=day, defaults={"tries": 1, "recipients": recipients}
+    )
+    if not created and not Digest.objects.filter(
+        Q(status=Digest.Status.FAILED), pk=digest.pk, tries__lt=3
+    ).update(status=Digest.Status.SENDING, tries=F("tries") + 1):
+        return False
+    try:
+        send_email(to=recipients, subject=message.subject, text=message.text, html=message.html)
+    except TransportError as e:
+        Digest.objects.filter(pk=digest.pk).update(status=Digest.Status.FAILED, error=e.message)
+        return False
+    Digest.objects.filter(pk=digest.pk).update(status=Digest.Status.SENT, error="")
+    return True

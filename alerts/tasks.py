@@ -1,0 +1,41 @@
+"""Thin Celery tasks on the `alerts` queue: take ids, call a service. All idempotent."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.core.cache import cache
+
+from alerts import services
+
+DISPATCH_PENDING_KEY = "runcast:alerts-dispatch-pending"
+
+
+@shared_task(soft_time_limit=50, time_limit=60)
+def dispatch_flags() -> None:
+    # Clear the marker first: flags committed during this run enqueue the next one.
+    cache.delete(DISPATCH_PENDING_KEY)
+    services.flags_dispatch()
+
+
+@shared_task(soft_time_limit=30, time_limit=45)
+def dispatch_run_end(run_id: int) -> None:
+    services.run_end_dispatch(run_id=run_id)
+
+
+@shared_task(soft_time_limit=45, time_limit=60)
+def deliver_notification(notification_id: int) -> None:
+    retry_in = services.notification_deliver(notification_id=notification_id)
+    if retry_in is not None:
+        # The row holds next_attempt_at: an early or duplicate copy of this message no-ops, and
+        # the sweeper re-enqueues it if this one is lost.
+        deliver_notification.apply_async(args=[notification_id], countdown=retry_in)
+
+
+@shared_task(soft_time_limit=50, time_limit=60)
+def sweep_alerts() -> None:
+    services.alerts_sweep()
+
+
+@shared_task(soft_time_limit=300, time_limit=330)
+def send_digests() -> None:
+    services.digests_send_due()

@@ -1,0 +1,22 @@
+"""Transports: Transport(channel).notify(message), raising TransportError(message, permanent)."""
+
+from __future__ import annotations
+
+from alerts.models import Channel
+from alerts.transports.base import Transport, TransportError
+from alerts.transports.email import EmailTransport
+from alerts.transports.slack import SlackTransport
+from alerts.transports.webhook import WebhookTransport
+
+TRANSPORTS: dict[str, type[Transport]] = {
+    Channel.Kind.EMAIL: EmailTransport,
+    Channel.Kind.SLACK: SlackTransport,
+    Channel.Kind.WEBHOOK: WebhookTransport,
+}
+
+
+def transport_for(channel: Channel) -> Transport:
+    return TRANSPORTS[channel.kind](channel)
+
+
+__all__ = ["Transport", "TransportError", "transport_for"]

@@ -1,0 +1,174 @@
+"""Alert pages: channels, rules and history. Parse, authorise (membership), call a service."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from alerts import selectors, services
+from alerts.forms import ChannelForm, RuleForm
+from alerts.kinds import BY_KEY
+from alerts.models import Channel
+from tracker import selectors as tracker_selectors
+from tracker.models import Membership
+
+HISTORY_LIMIT = 200
+
+
+def _membership(request: HttpRequest, project: str, *, edit: bool = False) -> Membership:
+    membership = tracker_selectors.membership_get(user=request.user, project_slug=project)
+    if membership is None:
+        # An outsider learns nothing, not even that the project exists.
+        raise Http404("no such project")
+    if edit and not membership.can_edit:
+        raise PermissionDenied("viewers cannot change alerts")
+    return membership
+
+
+@login_required
+def project_alerts(request: HttpRequest, project: str) -> HttpResponse:
+    membership = _membership(request, project)
+    history = selectors.notification_list(project=membership.project)[:HISTORY_LIMIT]
+    context = {"project": membership.project, "membership": membership, "history": history}
+    return render(request, "alerts/history.html", context)
+
+
+@login_required
+def run_alerts(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
+    membership = _membership(request, project)
+    run = tracker_selectors.run_get(project=membership.project, public_id=run_id)
+    if run is None:
+        raise Http404("no such run")
+    history = selectors.notification_list(project=membership.project, run=run)[:HISTORY_LIMIT]
+    context = {
+        "project": membership.project,
+        "membership": membership,
+        "history": history,
+        "run": run,
+    }
+    return render(request, "alerts/history.html", context)
+
+
+@login_required
+def channel_list(request: HttpRequest, project: str) -> HttpResponse:
+    membership = _membership(request, project)
+    form = ChannelForm(request.POST or None) if request.method == "POST" else ChannelForm()
+    if request.method == "POST":
+        _membership(request, project, edit=True)
+        if form.is_valid():
+            d = form.cleaned_data
+            services.channel_create(
+                project=membership.project, kind=d["kind"], name=d["name"], target=d["target"]
+            )
+            messages.success(request, f"Channel {d['name']} added.")
+            return redirect("alerts:channels", project=project)
+    channels = selectors.channel_list(project=membership.project)
+    context = {
+        "project": membership.project,
+        "membership": membership,
+        "channels": channels,
+        "form": form,
+    }
+    return render(request, "alerts/channels.html", context, status=400 if form.errors else 200)
+
+
+def _channel(request: HttpRequest, project: str, channel_id: int) -> tuple[Membership, Channel]:
+    membership = _membership(request, project, edit=True)
+    channel = selectors.channel_get(project=membership.project, channel_id=channel_id)
+    if channel is None:
+        raise Http404("no such channel")
+    return membership, channel
+
+
+@login_required
+def channel_edit(request: HttpRequest, project: str, channel_id: int) -> HttpResponse:
+    membership, channel = _channel(request, project, channel_id)
+    initial = {
+        "kind": channel.kind,
+        "name": channel.name,
+        "target": channel.target,
+        "enabled": channel.enabled,
+    }
+    form = ChannelForm(request.POST if request.method == "POST" else None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        services.channel_update(
+            channel=channel, name=d["name"], target=d["target"], enabled=d["enabled"]
+        )
+        messages.success(request, f"Channel {channel.name} saved.")
+        return redirect("alerts:channels", project=project)
+    form.fields["kind"].disabled = True
+    context = {"project": membership.project, "channel": channel, "form": form}
+    return render(request, "alerts/channel_edit.html", context)
+
+
+@login_required
+@require_POST
+def channel_delete(request: HttpRequest, project: str, channel_id: int) -> HttpResponse:
+    _, channel = _channel(request, project, channel_id)
+    services.channel_delete(channel=channel)
+    messages.success(request, f"Channel {channel.name} deleted.")
+    return redirect("alerts:channels", project=project)
+
+
+@login_required
+@require_POST
+def channel_test(request: HttpRequest, project: str, channel_id: int) -> HttpResponse:
+    _, channel = _channel(request, project, channel_id)
+    error = services.channel_test(channel=channel)
+    if error:
+        messages.error(request, f"Test message to {channel.name} failed: {error}")
+    else:
+        messages.success(request, f"Test message sent to {channel.name}.")
+    return redirect("alerts:channels", project=project)
+
+
+@login_required
+def rule_list(request: HttpRequest, project: str) -> HttpResponse:
+    membership = _membership(request, project)
+    services.rules_ensure_defaults(project=membership.project)
+    rules = [
+        (rule, BY_KEY.get(rule.kind)) for rule in selectors.rule_list(project=membership.project)
+    ]
+    context = {"project": membership.project, "membership": membership, "rules": rules}
+    return render(request, "alerts/rules.html", context)
+
+
+@login_required
+def rule_edit(request: HttpRequest, project: str, rule_id: int) -> HttpResponse:
+    membership = _membership(request, project, edit=True)
+    rule = selectors.rule_get(project=membership.project, rule_id=rule_id)
+    if rule is None:
+        raise Http404("no such rule")
+    initial = {
+        "severity": rule.severity,
+        "threshold": rule.threshold,
+        "muted": rule.muted,
+        "cooldown": rule.cooldown,
+        "channels": list(rule.channels.all()),
+    }
+    data = request.POST if request.method == "POST" else None
+    form = RuleForm(data, initial=initial, project=membership.project, rule=rule)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        services.rule_update(
+            rule=rule,
+            severity=d["severity"],
+            threshold=d.get("threshold", rule.threshold),
+            channels=list(d["channels"]),
+            muted=d["muted"],
+            cooldown=d["cooldown"],
+        )
+        messages.success(request, "Rule saved.")
+        return redirect("alerts:rules", project=project)
+    context = {
+        "project": membership.project,
+        "rule": rule,
+        "kind": BY_KEY.get(rule.kind),
+        "form": form,
+    }
+    return render(request, "alerts/rule_edit.html", context)

@@ -1,0 +1,118 @@
+"""The daily digest to project owners: runs against deadlines, once per local day."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from alerts import services, tasks
+from alerts.models import Digest
+from forecasting.models import Forecast
+from tests.alerts.conftest import Mailbox, flag_raise
+from tracker.models import Deadline, Project, Run
+
+MORNING = datetime(2026, 5, 30, 9, 0, tzinfo=UTC)
+
+
+def with_deadline_run(project: Project) -> Run:
+    deadline = Deadline.objects.create(
+        project=project,
+        slug="blind-eval",
+        name="blind eval",
+        cutoff=MORNING + timedelta(days=6),
+        buffer=timedelta(days=3),
+    )
+    run = Run.objects.create(
+        project=project,
+        public_id="post-train-1.0",
+        deadline=deadline,
+        total_steps=1000,
+        last_step=250,
+    )
+    Forecast.objects.create(
+        run=run,
+        kind=Forecast.Kind.ETA,
+        computed_at=MORNING,
+        segment=0,
+        input_last_step=250,
+        finish_p50=(MORNING + timedelta(days=4)).timestamp(),
+    )
+    Forecast.objects.create(
+        run=run,
+        kind=Forecast.Kind.DEADLINE,
+        computed_at=MORNING,
+        segment=0,
+        input_last_step=250,
+        data={"p_on_time": 0.12},
+    )
+    return run
+
+
+def test_it_emails_owners_a_digest_of_runs_against_deadlines(
+    project: Project, mailbox: Mailbox, no_default_slack: None
+) -> None:
+    run = with_deadline_run(project)
+    flag_raise(run, "deadline", onset_step=None)
+
+    assert services.digests_send_due(now=MORNING) == 1
+
+    [message] = mailbox.messages
+    assert message["To"] == "owner@example.com"  # owners only, not members or viewers
+    assert message["Subject"] == (
+        "[Runcast] LLM pretraining daily digest 2026-05-30: 1 run, 1 likely late, 1 flagged"
+    )
+    text, html = mailbox.bodies(message)
+    assert "post-train-1.0 (running, 25%): blind eval, train by 06-02 09:00 UTC" in text
+    assert "P50 finish 06-03 09:00 UTC (in 4 d); chance on time 12%; likely late" in text
+    assert "open flags: deadline" in text
+    assert 'href="http://testserver/runs/llm/post-train-1.0/"' in html
+
+
+def test_it_sends_one_digest_a_day_however_often_it_runs(
+    project: Project, mailbox: Mailbox, no_default_slack: None, monkeypatch: Any
+) -> None:
+    with_deadline_run(project)
+
+    services.digests_send_due(now=MORNING)
+    services.digests_send_due(now=MORNING + timedelta(hours=1))
+    tasks.send_digests()  # the real clock: a later day, or before the hour
+    tasks.send_digests()
+
+    days = list(Digest.objects.values_list("day", flat=True))
+    assert len(mailbox.messages) == len(days)
+    assert days.count(MORNING.date()) == 1
+
+
+def test_it_waits_for_the_digest_hour_in_the_projects_timezone(
+    project: Project, mailbox: Mailbox, no_default_slack: None
+) -> None:
+    with_deadline_run(project)
+    Project.objects.filter(pk=project.pk).update(timezone="America/Los_Angeles")
+
+    # 09:00 UTC is 02:00 in Los Angeles: too early.
+    assert services.digests_send_due(now=MORNING) == 0
+    assert services.digests_send_due(now=MORNING + timedelta(hours=7)) == 1
+
+
+def test_it_skips_projects_with_nothing_to_report(
+    project: Project, mailbox: Mailbox, no_default_slack: None
+) -> None:
+    assert services.digests_send_due(now=MORNING) == 0
+    assert mailbox.messages == [] and Digest.objects.count() == 0
+
+
+def test_it_retries_a_failed_digest_on_the_next_tick(
+    project: Project, mailbox: Mailbox, settings: Any, no_default_slack: None
+) -> None:
+    with_deadline_run(project)
+    port = settings.EMAIL_PORT
+    settings.EMAIL_PORT = 1
+
+    assert services.digests_send_due(now=MORNING) == 0
+    assert Digest.objects.get().status == Digest.Status.FAILED
+
+    settings.EMAIL_PORT = port
+    assert services.digests_send_due(now=MORNING + timedelta(hours=1)) == 1
+    digest = Digest.objects.get()
+    assert (digest.status, digest.tries) == (Digest.Status.SENT, 2)
+    assert len(mailbox.messages) == 1

@@ -1,0 +1,345 @@
+"""Flags and run endings → notifications → deliveries, exactly once per (event, channel)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from alerts import services, tasks
+from alerts.models import Channel, Notification, Rule
+from forecasting.models import Flag
+from tests.alerts.conftest import HttpSink, Mailbox, flag_raise
+from tracker.models import Project, Run
+from tracker.services import run_finish
+
+S = Notification.Status
+
+
+@pytest.fixture
+def channels(project: Project, sink: HttpSink, mailbox: Mailbox) -> tuple[Channel, Channel]:
+    email = services.channel_create(
+        project=project, kind=Channel.Kind.EMAIL, name="leads", target="lead@example.com"
+    )
+    slack = services.channel_create(
+        project=project, kind=Channel.Kind.SLACK, name="slack", target=sink.url("/slack")
+    )
+    return email, slack
+
+
+def dispatch(capture: Any) -> None:
+    with capture(execute=True):
+        tasks.dispatch_flags()
+
+
+def test_it_delivers_a_nan_flag_once_by_email_and_slack(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    flag = flag_raise(run, "nan")
+
+    dispatch(django_capture_on_commit_callbacks)
+
+    assert len(mailbox.messages) == 1
+    assert len(sink.to("/slack")) == 1
+    assert mailbox.messages[0]["To"] == "lead@example.com"
+    assert "pretrain-3.0 loss became NaN/Inf at step 812,400" in mailbox.messages[0]["Subject"]
+    flag.refresh_from_db()
+    assert flag.processed_at is not None
+    assert set(Notification.objects.values_list("status", flat=True)) == {S.SENT}
+
+    # Dispatcher, sweeper and delivery again: nothing more goes out.
+    dispatch(django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+        for n in Notification.objects.all():
+            tasks.deliver_notification(n.pk)
+    assert len(mailbox.messages) == 1
+    assert len(sink.to("/slack")) == 1
+    assert Notification.objects.count() == 2
+
+
+def test_it_creates_default_rules_lazily(project: Project, no_default_slack: None) -> None:
+    rules = services.rules_ensure_defaults(project=project)
+    again = services.rules_ensure_defaults(project=project)
+
+    kinds = {r.kind for r in rules}
+    assert {
+        "nan",
+        "spike",
+        "divergence",
+        "stalled",
+        "slip",
+        "deadline",
+        "finished",
+        "failed",
+    } <= kinds
+    assert len(again) == len(rules)
+    assert Rule.objects.get(project=project, kind="deadline").threshold == 0.5
+
+
+def test_it_creates_a_default_slack_channel_from_the_environment(
+    project: Project, settings: Any
+) -> None:
+    settings.RUNCAST_SLACK_WEBHOOK_URL = "https://hooks.slack.com/services/T/B/x"
+    services.rules_ensure_defaults(project=project)
+    services.rules_ensure_defaults(project=project)
+
+    assert list(project.alert_channels.values_list("kind", "target")) == [
+        ("slack", "https://hooks.slack.com/services/T/B/x")
+    ]
+
+
+def test_it_marks_flags_processed_even_without_channels(run: Run) -> None:
+    flag = flag_raise(run, "nan")
+
+    services.flags_dispatch()
+
+    flag.refresh_from_db()
+    assert flag.processed_at is not None
+    assert Notification.objects.count() == 0
+
+
+def test_it_never_processes_a_claimed_flag_twice(run: Run, channels: Any) -> None:
+    flag = flag_raise(run, "nan")
+    assert services.flag_dispatch(flag_id=flag.pk)
+    assert services.flag_dispatch(flag_id=flag.pk) == []
+    assert Notification.objects.count() == 2
+
+
+def test_it_processes_unknown_flag_kinds_without_sending(run: Run, channels: Any) -> None:
+    flag = flag_raise(run, "straggler")
+
+    services.flags_dispatch()
+
+    flag.refresh_from_db()
+    assert flag.processed_at is not None
+    assert Notification.objects.count() == 0
+
+
+def test_it_sends_nothing_for_a_muted_rule(run: Run, channels: Any) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    Rule.objects.filter(project=run.project, kind="nan").update(muted=True)
+    flag_raise(run, "nan")
+
+    services.flags_dispatch()
+
+    assert Notification.objects.count() == 0
+
+
+def test_it_sends_only_to_the_rules_channels(run: Run, channels: Any) -> None:
+    _email, slack = channels
+    rules = {r.kind: r for r in services.rules_ensure_defaults(project=run.project)}
+    rules["nan"].channels.set([slack])
+    flag_raise(run, "nan")
+
+    services.flags_dispatch()
+
+    assert list(Notification.objects.values_list("channel", flat=True)) == [slack.pk]
+
+
+def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
+    data = {"slipping": True, "amount_s": 2 * 3600.0, "from_finish": 0.0, "to_finish": 7200.0}
+    flag_raise(run, "slip", severity=7200.0, onset_step=None, data=data)
+    services.flags_dispatch()
+    assert Notification.objects.count() == 0
+
+    flag_raise(
+        run,
+        "slip",
+        state=Flag.State.UPDATED,
+        severity=5 * 3600.0,
+        onset_step=None,
+        data={**data, "amount_s": 5 * 3600.0},
+    )
+    services.flags_dispatch()
+    assert Notification.objects.count() == 2
+
+
+def test_it_applies_the_deadline_probability_threshold(run: Run, channels: Any) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    Rule.objects.filter(project=run.project, kind="deadline").update(threshold=0.2)
+    flag_raise(run, "deadline", severity=0.7, onset_step=None, data={"p_on_time": 0.3})
+    services.flags_dispatch()
+    assert Notification.objects.count() == 0
+
+    flag_raise(
+        run,
+        "deadline",
+        severity=0.88,
+        onset_step=None,
+        data={"p_on_time": 0.12},
+        state=Flag.State.UPDATED,
+    )
+    services.flags_dispatch()
+    assert Notification.objects.count() == 2
+
+
+def test_it_suppresses_a_flapping_flag_within_the_cooldown(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    t0 = timezone.now() - timedelta(minutes=30)
+    for i, state in enumerate(["raised", "resolved", "raised", "resolved"]):
+        flag_raise(run, "spike", state=state, created_at=t0 + timedelta(minutes=i))
+
+    dispatch(django_capture_on_commit_callbacks)
+
+    slack = channels[1]
+    got = list(
+        Notification.objects.filter(channel=slack)
+        .order_by("created_at")
+        .values_list("event", "status")
+    )
+    assert got == [
+        ("raised", S.SENT),
+        ("resolved", S.SENT),
+        ("raised", S.SUPPRESSED),
+        ("resolved", S.SUPPRESSED),
+    ]
+    assert len(sink.to("/slack")) == 2
+    assert len(mailbox.messages) == 2
+    suppressed = Notification.objects.filter(status=S.SUPPRESSED, event="raised").first()
+    assert "cooldown" in suppressed.reason
+
+
+def test_it_sends_again_after_the_cooldown(run: Run, channels: Any) -> None:
+    t0 = timezone.now() - timedelta(hours=3)
+    flag_raise(run, "spike", created_at=t0)
+    flag_raise(run, "spike", state="resolved", created_at=t0 + timedelta(minutes=5))
+    flag_raise(run, "spike", created_at=t0 + timedelta(hours=2))
+
+    services.flags_dispatch()
+
+    events = list(
+        Notification.objects.filter(channel=channels[0])
+        .order_by("created_at")
+        .values_list("event", "status")
+    )
+    assert events == [("raised", S.PENDING), ("resolved", S.PENDING), ("raised", S.PENDING)]
+
+
+def test_it_sends_a_resolved_message_when_a_flag_clears(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    flag_raise(run, "rise", created_at=timezone.now() - timedelta(hours=2))
+    flag_raise(run, "rise", state="resolved", explanation="rise cleared: ...", data={})
+
+    dispatch(django_capture_on_commit_callbacks)
+
+    assert len(mailbox.messages) == 2
+    assert mailbox.messages[1]["Subject"].endswith(
+        "Resolved: pretrain-3.0: divergence (rise, oscillation, regression) cleared."
+    )
+    resolved = sink.to("/slack")[1].json()
+    assert resolved["text"].startswith("Resolved: pretrain-3.0")
+
+
+def test_it_skips_a_resolve_whose_raise_was_never_reported(run: Run, channels: Any) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    Rule.objects.filter(project=run.project, kind="stalled").update(threshold=600.0)
+    flag_raise(run, "stalled", severity=60.0, data={"silent_s": 60.0}, onset_step=None)
+    flag_raise(run, "stalled", state="resolved", data={}, onset_step=None)
+
+    services.flags_dispatch()
+
+    assert Notification.objects.count() == 0
+
+
+def test_it_notifies_a_finished_run_once(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=timezone.now())
+
+    assert len(mailbox.messages) == 1
+    assert "pretrain-3.0 finished at step 812,400" in mailbox.messages[0]["Subject"]
+    assert sink.to("/slack")[0].json()["text"].startswith("pretrain-3.0 finished")
+
+    # The finish call repeated, the task run twice, the sweeper: still one each.
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=timezone.now())
+        tasks.dispatch_run_end(run.pk)
+        tasks.sweep_alerts()
+    assert len(mailbox.messages) == 1
+    assert len(sink.to("/slack")) == 1
+
+
+def test_it_notifies_a_failed_run_as_critical(
+    run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FAILED, ended_at=timezone.now())
+
+    assert mailbox.messages[0]["Subject"].startswith("[Runcast CRITICAL] pretrain-3.0 failed")
+
+
+def test_it_leaves_a_sweeper_detected_crash_to_the_stalled_flag(run: Run, channels: Any) -> None:
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED)
+    assert services.run_end_dispatch(run_id=run.pk) == []
+
+
+def test_it_sweeps_run_endings_whose_task_was_lost(run: Run, channels: Any) -> None:
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+
+    services.alerts_sweep()
+    services.alerts_sweep()
+
+    assert Notification.objects.filter(kind="finished").count() == 2  # one per channel
+
+
+def test_it_requeues_pending_notifications_whose_task_was_lost(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    flag_raise(run, "nan")
+    services.flags_dispatch()  # on_commit never fires here: the enqueue is "lost"
+    assert set(Notification.objects.values_list("status", flat=True)) == {S.PENDING}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+
+    assert len(mailbox.messages) == 1
+    assert len(sink.to("/slack")) == 1
+
+
+def test_it_dispatches_as_soon_as_forecasting_commits_a_flag(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from forecasting.services import Condition, flags_sync
+
+    with django_capture_on_commit_callbacks(execute=True):
+        flags_sync(
+            run=run,
+            conditions=[Condition("nan", "Loss became NaN", 3.0, 812_400, {})],
+            kinds=("nan",),
+            now=timezone.now(),
+        )
+
+    assert len(mailbox.messages) == 1
+    assert len(sink.to("/slack")) == 1

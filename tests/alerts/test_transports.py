@@ -1,0 +1,243 @@
+"""What arrives at the SMTP server and the HTTP sink, and what it says."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from alerts import services
+from alerts.models import Channel, Notification
+from alerts.transports import TransportError, http
+from alerts.transports.webhook import verify
+from forecasting.models import Forecast
+from tests.alerts.conftest import HttpSink, Mailbox, flag_raise
+from tracker.models import Deadline, Run
+
+
+def deliver_all() -> None:
+    for n in Notification.objects.filter(status=Notification.Status.PENDING):
+        services.notification_deliver(notification_id=n.pk)
+
+
+def test_it_emails_plain_text_and_html_with_the_numbers(run: Run, mailbox: Mailbox) -> None:
+    services.channel_create(
+        project=run.project,
+        kind=Channel.Kind.EMAIL,
+        name="leads",
+        target="lead@example.com\nsecond@example.com",
+    )
+    flag_raise(
+        run,
+        "regression",
+        severity=1.3,
+        data={
+            "onset_step": 812_400.0,
+            "rollback_step": 800_000.0,
+            "wasted_s": 5.2 * 86400,
+            "cost": 159_744.0,
+            "regression_to_step": 400_000.0,
+        },
+        explanation="Loss is back at its level of 10 days ago (step 400,000).",
+    )
+    services.flags_dispatch()
+
+    deliver_all()
+
+    [message] = mailbox.messages
+    text, html = mailbox.bodies(message)
+    assert (
+        message["Subject"]
+        .strip()
+        .startswith(
+            "[Runcast CRITICAL] pretrain-3.0 diverging since step 812,400 (loss back at its level "
+            "of step 400,000); last checkpoint before onset: step 800,000;"
+        )
+    )
+    assert sorted(mailbox.handler.envelopes[0].rcpt_tos) == [
+        "lead@example.com",
+        "second@example.com",
+    ]
+    assert "since then 5.2 days, 512 GPUs, ≈ $159,744" in text
+    assert "Loss is back at its level of 10 days ago" in text
+    assert "http://testserver/runs/llm/pretrain-3.0/" in text
+    assert '<a href="http://testserver/runs/llm/pretrain-3.0/">' in html
+    assert "Last checkpoint before onset</td><td>step 800,000" in html
+
+
+def test_it_says_a_deadline_risk_in_the_leads_language(
+    project: Any, mailbox: Mailbox, no_default_slack: None
+) -> None:
+    shanghai = "Asia/Shanghai"
+    deadline = Deadline.objects.create(
+        project=project,
+        slug="blind-eval",
+        name="the conference blind eval",
+        cutoff=datetime(2026, 6, 5, 10, 0, tzinfo=UTC),
+        timezone=shanghai,
+        buffer=timedelta(days=3),
+    )
+    run = Run.objects.create(project=project, public_id="post-train-1.0", deadline=deadline)
+    at = datetime(2026, 5, 30, 12, 0, tzinfo=UTC)
+    for hours_ago, finish in (
+        (24, datetime(2026, 5, 28, 4, 0, tzinfo=UTC)),
+        (0, datetime(2026, 6, 3, 3, 40, tzinfo=UTC)),
+    ):
+        Forecast.objects.create(
+            run=run,
+            kind=Forecast.Kind.ETA,
+            computed_at=at - timedelta(hours=hours_ago),
+            segment=0,
+            input_last_step=100 - hours_ago,
+            finish_p50=finish.timestamp(),
+        )
+    services.channel_create(
+        project=project, kind=Channel.Kind.EMAIL, name="l", target="lead@example.com"
+    )
+    flag_raise(
+        run,
+        "deadline",
+        severity=0.88,
+        onset_step=None,
+        created_at=at,
+        data={
+            "p_on_time": 0.12,
+            "speedup_for_p90": 0.18,
+            "steps_cut_for_p90": 12000.0,
+            "deadline": "the conference blind eval",
+            "explanation": "12% likely on time",
+        },
+    )
+    services.flags_dispatch()
+
+    deliver_all()
+
+    text, _ = mailbox.bodies(mailbox.messages[0])
+    assert text.splitlines()[0] == (
+        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 18:00 CST, "
+        "3 d buffer): P50 finish moved from 05-28 12:00 to 06-03 11:40 in 24 h; 12% chance "
+        "to make it; it needs 18% more throughput"
+    )
+
+
+def test_it_posts_a_block_kit_message_to_slack(run: Run, sink: HttpSink) -> None:
+    services.channel_create(
+        project=run.project, kind=Channel.Kind.SLACK, name="s", target=sink.url("/slack")
+    )
+    flag_raise(run, "nan")
+    services.flags_dispatch()
+
+    deliver_all()
+
+    [request] = sink.to("/slack")
+    body = request.json()
+    assert request.headers["content-type"] == "application/json"
+    assert body["text"].startswith("pretrain-3.0 loss became NaN/Inf at step 812,400")
+    assert body["blocks"][0]["text"]["text"].startswith(":rotating_light: *pretrain-3.0")
+    facts = {
+        f["text"].split("\n")[0]: f["text"].split("\n")[1] for f in body["blocks"][2]["fields"]
+    }
+    assert facts["*GPUs*"] == "512"
+    assert facts["*Last checkpoint before onset*"] == "step 800,000"
+    button = body["blocks"][-1]["elements"][0]
+    assert button["url"] == "http://testserver/runs/llm/pretrain-3.0/"
+
+
+def test_it_signs_webhooks_so_receivers_can_verify_them(run: Run, sink: HttpSink) -> None:
+    channel = services.channel_create(
+        project=run.project, kind=Channel.Kind.WEBHOOK, name="h", target=sink.url("/hook")
+    )
+    flag = flag_raise(run, "nan")
+    services.flags_dispatch()
+
+    deliver_all()
+
+    [request] = sink.to("/hook")
+    ts, signature = request.headers["x-runcast-timestamp"], request.headers["x-runcast-signature"]
+    assert signature.startswith("sha256=")
+    assert verify(channel.secret, ts, request.body, signature, now=time.time())
+    assert not verify("wrong-secret", ts, request.body, signature, now=time.time())
+    assert not verify(channel.secret, ts, request.body + b" ", signature, now=time.time())
+    # A captured request replayed later is refused even with its valid signature.
+    assert not verify(channel.secret, ts, request.body, signature, now=time.time() + 3600)
+    body = request.json()
+    n = Notification.objects.get()
+    assert request.headers["x-runcast-delivery"] == str(n.public_id) == body["id"]
+    assert body["kind"] == "nan" and body["event"] == "raised" and body["rule"] == "nan"
+    assert body["run"]["url"] == "http://testserver/runs/llm/pretrain-3.0/"
+    assert body["onset_step"] == flag.onset_step
+    assert body["data"]["rollback_step"] == 800_000.0
+
+
+def test_it_survives_flag_data_with_missing_keys(run: Run, sink: HttpSink) -> None:
+    services.channel_create(
+        project=run.project, kind=Channel.Kind.SLACK, name="s", target=sink.url("/slack")
+    )
+    for kind in (
+        "nan",
+        "spike",
+        "rise",
+        "oscillation",
+        "regression",
+        "slip",
+        "deadline",
+        "stalled",
+    ):
+        flag_raise(run, kind, data={"cost": "not a number"}, onset_step=None, severity=None)
+    services.flags_dispatch()
+
+    deliver_all()
+
+    # rise, oscillation and regression share the divergence rule: two of them are in its cooldown.
+    assert len(sink.to("/slack")) == 6
+    assert Notification.objects.filter(status=Notification.Status.SENT).count() == 6
+    assert all("?" not in r.json()["text"] for r in sink.to("/slack"))
+
+
+def test_it_times_out_a_slow_endpoint(sink: HttpSink) -> None:
+    sink.script("/slow", (200, "ok", 1.0))
+    started = time.monotonic()
+    with pytest.raises(TransportError) as e:
+        http.post_json(sink.url("/slow"), {"a": 1}, timeout=0.2)
+    assert not e.value.permanent
+    assert time.monotonic() - started < 0.9
+
+
+def test_it_refuses_non_http_urls() -> None:
+    with pytest.raises(TransportError) as e:
+        http.post_json("file:///etc/passwd", {})
+    assert e.value.permanent
+
+
+def test_it_sends_a_test_message_on_each_channel(
+    project: Any, sink: HttpSink, mailbox: Mailbox, no_default_slack: None
+) -> None:
+    results = {}
+    for kind, target in (
+        ("email", "lead@example.com"),
+        ("slack", sink.url("/slack")),
+        ("webhook", sink.url("/hook")),
+    ):
+        channel = services.channel_create(project=project, kind=kind, name=kind, target=target)
+        results[kind] = services.channel_test(channel=channel)
+
+    assert results == {"email": None, "slack": None, "webhook": None}
+    assert "Test message" in mailbox.messages[0]["Subject"]
+    assert json.loads(sink.to("/hook")[0].body)["type"] == "test"
+    assert Notification.objects.count() == 0
+
+
+def test_it_reports_a_failed_test_message_without_disabling(
+    project: Any, sink: HttpSink, no_default_slack: None
+) -> None:
+    sink.script("/slack", (403, "invalid_token"))
+    channel = services.channel_create(
+        project=project, kind="slack", name="s", target=sink.url("/slack")
+    )
+
+    assert services.channel_test(channel=channel) == "Slack answered 403 invalid_token"
+    channel.refresh_from_db()
+    assert channel.enabled

@@ -1,0 +1,245 @@
+"""Alert pages: members read, owners and members change, viewers cannot, outsiders see 404."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from alerts import services
+from alerts.models import Channel, Notification, Rule
+from tests.alerts.conftest import HttpSink, flag_raise
+from tracker.models import Run
+
+READ = {"owner": 200, "member": 200, "viewer": 200, "outsider": 404}
+WRITE = {"owner": 302, "member": 302, "viewer": 403, "outsider": 404}
+EDIT_PAGE = {"owner": 200, "member": 200, "viewer": 403, "outsider": 404}
+ROLES = ["owner", "member", "viewer", "outsider"]
+
+
+@pytest.fixture
+def channel(run: Run, sink: HttpSink) -> Channel:
+    return services.channel_create(
+        project=run.project, kind=Channel.Kind.SLACK, name="slack", target=sink.url("/slack")
+    )
+
+
+def login(client: Client, request: Any, role: str) -> User:
+    user = request.getfixturevalue(role)
+    request.getfixturevalue("other_project")  # the outsider has a project of their own
+    client.force_login(user)
+    return user
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/projects/llm/alerts/",
+        "/projects/llm/alerts/channels/",
+        "/projects/llm/alerts/rules/",
+        "/runs/llm/pretrain-3.0/alerts/",
+    ],
+)
+def test_it_shows_read_pages_to_members_only(
+    client: Client, request: Any, channel: Channel, role: str, path: str
+) -> None:
+    login(client, request, role)
+    assert client.get(path).status_code == READ[role]
+
+
+@pytest.mark.parametrize("path", ["/projects/llm/alerts/", "/runs/llm/pretrain-3.0/alerts/"])
+def test_it_sends_anonymous_users_to_login(client: Client, run: Run, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_it_lists_history_for_the_project_and_the_run(
+    client: Client, owner: User, run: Run, channel: Channel
+) -> None:
+    other = Run.objects.create(project=run.project, public_id="other-run")
+    flag_raise(run, "nan")
+    flag_raise(other, "spike")
+    services.flags_dispatch()
+    client.force_login(owner)
+
+    project_page = client.get("/projects/llm/alerts/").content.decode()
+    run_page = client.get("/runs/llm/pretrain-3.0/alerts/").content.decode()
+
+    assert "nan raised" in project_page and "spike raised" in project_page
+    assert "nan raised" in run_page and "spike raised" not in run_page
+    assert client.get("/runs/llm/no-such-run/alerts/").status_code == 404
+
+
+def test_it_hides_webhook_urls_from_viewers(client: Client, viewer: User, channel: Channel) -> None:
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/channels/").content.decode()
+    assert channel.target not in page
+    assert "Send test message" not in page
+
+
+def test_it_shows_why_a_channel_was_disabled(
+    client: Client, member: User, channel: Channel
+) -> None:
+    services.channel_disable(channel_id=channel.pk, reason="Slack answered 404 no_service")
+    client.force_login(member)
+    page = client.get("/projects/llm/alerts/channels/").content.decode()
+    assert "disabled</strong>: Slack answered 404 no_service" in page
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_it_lets_editors_add_a_channel(client: Client, request: Any, run: Run, role: str) -> None:
+    login(client, request, role)
+    response = client.post(
+        "/projects/llm/alerts/channels/",
+        {
+            "kind": "email",
+            "name": "leads",
+            "target": "a@example.com\nb@example.com",
+            "enabled": "on",
+        },
+    )
+    assert response.status_code == WRITE[role]
+    assert Channel.objects.filter(project=run.project).exists() == (WRITE[role] == 302)
+
+
+def test_it_rejects_a_bad_channel_target(client: Client, owner: User, run: Run) -> None:
+    client.force_login(owner)
+    bad_email = client.post(
+        "/projects/llm/alerts/channels/", {"kind": "email", "name": "x", "target": "not-an-address"}
+    )
+    bad_url = client.post(
+        "/projects/llm/alerts/channels/",
+        {"kind": "webhook", "name": "x", "target": "ftp://example.com"},
+    )
+    assert bad_email.status_code == bad_url.status_code == 400
+    assert Channel.objects.count() == 0
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_it_lets_editors_edit_a_channel(
+    client: Client, request: Any, channel: Channel, sink: HttpSink, role: str
+) -> None:
+    login(client, request, role)
+    url = f"/projects/llm/alerts/channels/{channel.pk}/"
+    assert client.get(url).status_code == EDIT_PAGE[role]
+    response = client.post(
+        url, {"kind": "slack", "name": "renamed", "target": sink.url("/slack2"), "enabled": "on"}
+    )
+    assert response.status_code == WRITE[role]
+    channel.refresh_from_db()
+    assert (channel.name == "renamed") == (WRITE[role] == 302)
+
+
+def test_it_re_enables_a_disabled_channel_and_forgets_the_reason(
+    client: Client, owner: User, channel: Channel, sink: HttpSink
+) -> None:
+    services.channel_disable(channel_id=channel.pk, reason="gone")
+    client.force_login(owner)
+    client.post(
+        f"/projects/llm/alerts/channels/{channel.pk}/",
+        {"kind": "slack", "name": "slack", "target": sink.url("/new"), "enabled": "on"},
+    )
+    channel.refresh_from_db()
+    assert channel.enabled and channel.disabled_reason == "" and channel.disabled_at is None
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_it_lets_editors_delete_a_channel(
+    client: Client, request: Any, channel: Channel, role: str
+) -> None:
+    login(client, request, role)
+    response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/delete/")
+    assert response.status_code == WRITE[role]
+    assert Channel.objects.filter(pk=channel.pk).exists() == (WRITE[role] != 302)
+
+
+def test_it_refuses_to_delete_by_get(client: Client, owner: User, channel: Channel) -> None:
+    client.force_login(owner)
+    assert client.get(f"/projects/llm/alerts/channels/{channel.pk}/delete/").status_code == 405
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_it_lets_editors_send_a_test_message(
+    client: Client, request: Any, channel: Channel, sink: HttpSink, role: str
+) -> None:
+    login(client, request, role)
+    response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
+    if WRITE[role] == 302:
+        assert "Test message sent to slack." in response.content.decode()
+        assert len(sink.to("/slack")) == 1
+    else:
+        assert response.status_code == WRITE[role]
+        assert sink.to("/slack") == []
+
+
+def test_it_shows_a_failed_test_message(
+    client: Client, owner: User, channel: Channel, sink: HttpSink
+) -> None:
+    sink.script("/slack", (404, "no_service"))
+    client.force_login(owner)
+    response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
+    assert "failed: Slack answered 404 no_service" in response.content.decode()
+
+
+def test_it_keeps_channels_of_other_projects_out_of_reach(
+    client: Client, outsider: User, other_project: Any, channel: Channel
+) -> None:
+    client.force_login(outsider)
+    # The outsider owns "other", but the channel belongs to "llm".
+    assert client.get(f"/projects/other/alerts/channels/{channel.pk}/").status_code == 404
+    assert client.post(f"/projects/other/alerts/channels/{channel.pk}/delete/").status_code == 404
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_it_lets_editors_edit_a_rule(
+    client: Client, request: Any, run: Run, channel: Channel, role: str
+) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    rule = Rule.objects.get(project=run.project, kind="slip")
+    login(client, request, role)
+    url = f"/projects/llm/alerts/rules/{rule.pk}/"
+    assert client.get(url).status_code == EDIT_PAGE[role]
+    response = client.post(
+        url,
+        {
+            "severity": "critical",
+            "threshold": "12",
+            "muted": "on",
+            "cooldown": "02:00:00",
+            "channels": [channel.pk],
+        },
+    )
+    assert response.status_code == WRITE[role]
+    rule.refresh_from_db()
+    if WRITE[role] == 302:
+        assert (rule.severity, rule.threshold, rule.muted) == ("critical", 12.0, True)
+        assert list(rule.channels.all()) == [channel]
+        assert rule.cooldown.total_seconds() == 7200
+    else:
+        assert (rule.severity, rule.threshold, rule.muted) == ("warning", 3.0, False)
+
+
+def test_it_lists_default_rules_on_first_visit(client: Client, viewer: User, run: Run) -> None:
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/rules/").content.decode()
+    assert "Loss became NaN/Inf" in page and "Deadline at risk" in page
+    assert "Edit" not in page
+
+
+def test_it_mutes_a_rule_from_the_page(
+    client: Client, member: User, run: Run, channel: Channel
+) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    rule = Rule.objects.get(project=run.project, kind="nan")
+    client.force_login(member)
+    client.post(
+        f"/projects/llm/alerts/rules/{rule.pk}/",
+        {"severity": "critical", "muted": "on", "cooldown": "01:00:00"},
+    )
+
+    flag_raise(run, "nan")
+    services.flags_dispatch()
+    assert Notification.objects.count() == 0
