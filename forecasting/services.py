@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from forecasting import selectors
+from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.divergence import detect_divergence
 from forecasting.estimators.eta import EtaForecast, forecast_eta
@@ -176,8 +178,7 @@ def _deadline_condition(
     risk = deadline_risk(eta, run.deadline.train_by.timestamp())
     data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
     _store(run=run, kind=Forecast.Kind.DEADLINE, last_step=last_step, now=now, data=data)
-    # Below even odds of making it, leads need to hear it; thresholds for alerts live in alerts.
-    if risk.p_on_time >= 0.5:
+    if risk.p_on_time >= th.FLAG_DEADLINE_AT_RISK_P:
         return []
     text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
     return [Condition("deadline", text, 1.0 - risk.p_on_time, None, data)]
@@ -248,7 +249,7 @@ def flags_sync(
     written = []
     for kind, cond in current.items():
         prev = open_flags.get(kind)
-        if prev is not None and prev.onset_step == _int_or_none(cond.onset_step):
+        if prev is not None and not _is_news(prev, cond):
             continue
         state = Flag.State.RAISED if prev is None else Flag.State.UPDATED
         written.append(_flag_write(run, cond, state, prev.state if prev else "", now))
@@ -257,6 +258,22 @@ def flags_sync(
             cond = Condition(kind, f"{kind} cleared: {prev.explanation}", None, prev.onset_step)
             written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     return written
+
+
+def _band(kind: str, data: dict[str, Any]) -> int | None:
+    """Which severity band a condition is in, for kinds whose worsening is news by itself."""
+    if kind == "deadline" and isinstance(data.get("p_on_time"), int | float):
+        return sum(data["p_on_time"] < b for b in th.FLAG_DEADLINE_BANDS)
+    if kind == "slip" and isinstance(data.get("amount_s"), int | float):
+        return int(math.log2(max(1.0, data["amount_s"] / th.FLAG_SLIP_BAND_BASE_S)))
+    return None
+
+
+def _is_news(prev: Flag, cond: Condition) -> bool:
+    # Same onset and same band: the open flag already says this; a new row would re-alert.
+    if prev.onset_step != _int_or_none(cond.onset_step):
+        return True
+    return _band(prev.kind, prev.data) != _band(cond.kind, cond.data)
 
 
 def _int_or_none(value: float | None) -> int | None:

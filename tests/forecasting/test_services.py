@@ -178,3 +178,17 @@ def test_edge_cases_do_not_break_the_service(project):
     assert not Forecast.objects.filter(run=run, kind="eta").exists()
     assert Flag.objects.filter(run=run, kind="nan").exists()
     assert services.forecast_compute(run_id=999_999) == []
+
+
+def test_it_updates_a_deadline_flag_when_its_odds_cross_a_band(project):
+    run = make_run(project)
+    now = timezone.now()
+    for p in (0.8, 0.78, 0.6, 0.3):
+        cond = services.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})
+        services.flags_sync(run=run, conditions=[cond], kinds=("deadline",), now=now)
+    rows = Flag.objects.filter(run=run).order_by("id")
+    assert [(f.state, f.data["p_on_time"]) for f in rows] == [
+        ("raised", 0.8),
+        ("updated", 0.6),
+        ("updated", 0.3),
+    ]
