@@ -24,7 +24,7 @@ from forecasting.estimators.stalled import detect_stall
 from forecasting.models import Flag, Forecast
 from tracker import selectors as tracker_selectors
 from tracker.models import Event, IngestBatch, Run
-from tracker.series import Series
+from tracker.series import Series, latest_wins
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,9 @@ def loss_key_for(keys: list[str]) -> str | None:
 def _thin(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
     if len(series) <= limit:
         return series
-    idx = np.unique(np.linspace(0, len(series) - 1, limit).astype(np.int64))
-    return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
+    # Evenly spaced and strictly increasing (the stride exceeds 1), so no de-duplication.
+    idx = np.linspace(0, len(series) - 1, limit).astype(np.int64)
+    return _take(series, idx)
 
 
 def _thin_keep_nonfinite(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
@@ -78,7 +79,13 @@ def _thin_keep_nonfinite(series: Series, limit: int = MAX_INPUT_POINTS) -> Serie
     if len(series) <= limit:
         return series
     idx = np.linspace(0, len(series) - 1, limit).astype(np.int64)
-    idx = np.union1d(idx, np.flatnonzero(~np.isfinite(series.values)))
+    bad = np.flatnonzero(~np.isfinite(series.values))
+    if bad.size:
+        idx = np.union1d(idx, bad)
+    return _take(series, idx)
+
+
+def _take(series: Series, idx: np.ndarray) -> Series:
     return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
 
 
@@ -97,7 +104,11 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
         if len(raw):
             conditions += _eta_and_deadline(run=run, progress=_thin(raw), now=now)
             if loss_key is not None:
-                conditions += _loss_and_divergence(run=run, key=loss_key, keys=keys, now=now)
+                # The progress series is the loss series: resolve it in memory, not reload it.
+                series = latest_wins(raw)
+                conditions += _loss_and_divergence(
+                    run=run, key=loss_key, series=series, keys=keys, now=now
+                )
     return flags_sync(run=run, conditions=conditions, kinds=_managed_kinds(run), now=now)
 
 
@@ -184,11 +195,12 @@ def _deadline_condition(
     return [Condition("deadline", text, 1.0 - risk.p_on_time, None, data)]
 
 
-def _loss_and_divergence(*, run: Run, key: str, keys: list[str], now: datetime) -> list[Condition]:
-    series = tracker_selectors.series_load(run=run, key=key)
+def _loss_and_divergence(
+    *, run: Run, key: str, series: Series, keys: list[str], now: datetime
+) -> list[Condition]:
     if len(series) == 0:
         return []
-    lr = tracker_selectors.series_load(run=run, key="lr") if "lr" in keys else None
+    lr = _thin(tracker_selectors.series_load(run=run, key="lr"), 20_000) if "lr" in keys else None
     thin = _thin(series)
     finite = np.isfinite(thin.values)
     loss = forecast_loss(

@@ -7,9 +7,11 @@ forecast separates three things a naive "remaining steps / current speed" mixes 
 * compute: the time the remaining steps need at the run's pace. The pace ignores compile
   warm-up, single slow steps and one-off gaps; recurring pauses (eval, checkpoint) are spread
   over the steps as overhead; a pace trend (steps slowing as sequence/window schedules grow)
-  is extrapolated, damped.
-* interruptions: downtime gaps and rollbacks seen so far give a rate and a mean cost (recovery
-  time plus recomputed steps), shrunk towards a prior before any is seen.
+  is extrapolated, damped. Whether the rise is a ramp or a staircase of stages is decided by
+  the run's own back-test.
+* interruptions: downtime gaps and rollbacks seen so far give a rate (on a prior that spans
+  orders of magnitude, so the run's own record sets the scale) and a mean cost (recovery time
+  plus recomputed steps).
 * uncertainty: the spread of the compute time comes from the run's own back-test (how wrong
   this model would have been on the part of the run already seen), growing with how far it
   extrapolates; the wall-clock distribution is a Monte Carlo of compute plus future downtime.
@@ -240,6 +242,19 @@ def _regime_start(logp: np.ndarray, centres: np.ndarray, slope: float) -> int:
         left = csum[j] / j
         right = (csum[n] - csum[j]) / (n - j)
         t = np.abs(right - left) / (sigma * np.sqrt(1.0 / j + 1.0 / (n - j)))
+        # A shift must also hold for the median of the new regime, and a short one (two or three
+        # bins) in every bin: one slow bin (an eval step, a GC pause) near the end of the log
+        # would otherwise pull a mean far enough to open a regime by itself. Only the splits the
+        # mean calls significant are re-checked, which keeps this linear in practice.
+        for i in np.flatnonzero(t >= th.ETA_SHIFT_MIN_T):
+            tail = seg[j[i] :] - left[i]
+            if tail.size >= m:
+                robust = float(np.median(tail))
+            elif (tail > 0).all() or (tail < 0).all():
+                robust = float(tail[np.argmin(np.abs(tail))])
+            else:
+                robust = 0.0
+            t[i] = min(t[i], abs(robust) / (sigma * math.sqrt(1.0 / j[i] + 1.0 / (n - j[i]))))
         best = int(np.argmax(t))
         if t[best] < th.ETA_SHIFT_MIN_T:
             break
@@ -247,23 +262,41 @@ def _regime_start(logp: np.ndarray, centres: np.ndarray, slope: float) -> int:
     return start
 
 
-def _fit(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int) -> _Pace | None:
-    """Pace over bins [lo, hi): mean of the current regime plus the damped trend of all."""
+def _fit(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int, ramp: bool = False) -> _Pace | None:
+    """Pace over bins [lo, hi): mean of the current regime plus a damped trend.
+
+    Two readings of a pace that rises: `ramp=False` (steps) finds the current regime on the raw
+    pace and keeps only a clearly significant trend inside it; `ramp=True` (a schedule that keeps
+    lengthening steps, e.g. an attention-window warm-up in small increments) fits the trend over
+    the whole history and looks for level shifts around it. Which one describes a run is decided
+    by its own back-test (`_choose`), not by a threshold.
+    """
     if hi - lo < 1:
         return None
     edges, centres, logp = _super_bins(grid, cg, lo, hi)
-    # A staircase of level shifts is not a trend: find the current regime first, then fit the
-    # trend inside it (a steady ramp may be cut into regimes, and its slope is still found in
-    # the last one).
-    first = _regime_start(logp, centres, 0.0)
-    raw_slope = _trend(centres[first:], logp[first:])
+    if ramp:
+        if logp.size < 2 * th.ETA_RECENT_MIN_BINS or not np.isfinite(logp).all():
+            return None
+        raw_slope = max(0.0, _theil_sen(centres, logp)[0])
+        # A staircase (batch-size stages) also rises on the whole, but is flat since its last
+        # step: when the current regime is clearly flatter than the ramp, the ramp has ended.
+        last = _regime_start(logp, centres, 0.0)
+        if logp.size - last >= 2 * th.ETA_RECENT_MIN_BINS:
+            now_slope, now_se = _theil_sen(centres[last:], logp[last:])
+            if raw_slope - now_slope > th.ETA_RAMP_ENDED_T * now_se:
+                return None
+        first = _regime_start(logp, centres, raw_slope)
+        damping = th.ETA_RAMP_DAMPING
+    else:
+        first = _regime_start(logp, centres, 0.0)
+        raw_slope = _trend(centres[first:], logp[first:])
+        damping = th.ETA_TREND_DAMPING
     start = int(edges[first])
     span = grid[hi] - grid[start]
     level = (cg[hi] - cg[start]) / span if span > 0 else 0.0
     if not (level > 0 and math.isfinite(level)):
         return None
-    slope = th.ETA_TREND_DAMPING * raw_slope
-    return _Pace(level=level, slope=slope, w_mid=0.5 * (grid[hi] + grid[start]))
+    return _Pace(level=level, slope=damping * raw_slope, w_mid=0.5 * (grid[hi] + grid[start]))
 
 
 def _integrate(pace: _Pace, start: float, amount: float) -> float:
@@ -283,15 +316,15 @@ def _integrate(pace: _Pace, start: float, amount: float) -> float:
     return pace.level * (math.exp(b) - math.exp(a)) / slope
 
 
-def _sigma_per_ratio(grid: np.ndarray, cg: np.ndarray, lo: int) -> float:
-    """Log error per unit of extrapolation, from back-testing the model on the run so far."""
+def _backtest(grid: np.ndarray, cg: np.ndarray, lo: int, ramp: bool) -> list[float]:
+    """Log errors per unit of extrapolation of one pace model, back-tested on the run so far."""
     hi = grid.size - 1
     units: list[float] = []
-    for frac in (1 / 3, 1 / 2, 2 / 3):
+    for frac in th.ETA_BACKTEST_ORIGINS:
         split = lo + round(frac * (hi - lo))
         if split - lo < th.ETA_RECENT_MIN_BINS or hi - split < 1:
             continue
-        pace = _fit(grid, cg, lo, split)
+        pace = _fit(grid, cg, lo, split, ramp)
         if pace is None:
             continue
         seen = grid[split] - grid[lo]
@@ -300,6 +333,28 @@ def _sigma_per_ratio(grid: np.ndarray, cg: np.ndarray, lo: int) -> float:
         actual = cg[hi] - cg[split]
         if predicted > 0 and actual > 0 and seen > 0:
             units.append(math.log(actual / predicted) / (ahead / seen))
+    return units
+
+
+def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, list[float]]:
+    """The pace model (steps or ramp) with the smaller back-test error on this run, and its
+    back-test errors. Steps wins ties and whenever the ramp has fewer than two back-tests (a ramp
+    that ended, or too short a history to tell)."""
+    hi = grid.size - 1
+    steps_units = _backtest(grid, cg, lo, ramp=False)
+    ramp_units = _backtest(grid, cg, lo, ramp=True)
+    if len(ramp_units) >= 2 and (
+        not steps_units
+        or np.mean(np.square(ramp_units)) < np.mean(np.square(steps_units))
+    ):
+        ramp_pace = _fit(grid, cg, lo, hi, ramp=True)
+        if ramp_pace is not None:
+            return ramp_pace, ramp_units
+    return _fit(grid, cg, lo, hi), steps_units
+
+
+def _sigma_per_ratio(units: list[float]) -> float:
+    """Log error per unit of extrapolation: the back-test errors pooled with a prior."""
     prior_w = th.ETA_SIGMA_PRIOR_WEIGHT
     total = prior_w * th.ETA_SIGMA_PER_RATIO_PRIOR**2 + sum(u * u for u in units)
     return math.sqrt(total / (prior_w + len(units)))
@@ -317,6 +372,29 @@ def _clean(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return s, t
 
 
+def _interruption_rates(
+    seen: int, observed_wall: float, rng: np.random.Generator, n: int
+) -> np.ndarray:
+    """Draws of the interruption rate (per second) given `seen` events in `observed_wall` s.
+
+    The rate of a job is unknown by orders of magnitude (a flaky spot instance: several an hour;
+    a healthy reserved node: one a month), so the prior is log-uniform over that range and the
+    run's own record picks the scale: two outages in the first hour of a job say far more about
+    its next hour than any fleet average does, and a week without one rules out the high rates.
+    """
+    grid = np.geomspace(th.ETA_RATE_MIN_PER_S, th.ETA_RATE_MAX_PER_S, th.ETA_RATE_GRID)
+    # Poisson likelihood r^k exp(-r T) on the grid, in logs to stay finite for long runs.
+    loglik = seen * np.log(grid) - grid * max(observed_wall, 0.0)
+    # Flat (per decade) up to the typical rate, thinning as 1/rate above it: a fresh run that
+    # has not failed yet is presumed healthy, while repeated failures still reach high rates.
+    loglik -= np.log1p(grid / th.ETA_RATE_TYPICAL_PER_S)
+    weights = np.exp(loglik - loglik.max())
+    idx = rng.choice(grid.size, size=n, p=weights / weights.sum())
+    # Spread each draw within its grid cell so the rate is continuous, not 40 values.
+    step = math.log(grid[1] / grid[0]) if grid.size > 1 else 0.0
+    return grid[idx] * np.exp(step * (rng.random(n) - 0.5))
+
+
 def _wall_quantiles(
     compute_p50: float, sigma: float, tl: _Timeline, observed_wall: float
 ) -> np.ndarray:
@@ -325,9 +403,7 @@ def _wall_quantiles(
     n = th.ETA_MC_SAMPLES
     compute = compute_p50 * np.exp(sigma * rng.standard_normal(n))
     seen = tl.interruptions
-    shape = th.ETA_PRIOR_INTERRUPTIONS + seen
-    exposure = th.ETA_PRIOR_INTERRUPTIONS * th.ETA_PRIOR_INTERRUPTION_EVERY_S + observed_wall
-    rate = rng.gamma(shape, 1.0 / exposure, n)  # rate uncertainty: few events, wide posterior
+    rate = _interruption_rates(seen, observed_wall, rng, n)
     count = rng.poisson(np.minimum(rate * compute, 1e6))  # cap: numpy's Poisson limit
     w = th.ETA_PRIOR_RECOVERY_WEIGHT
     recovery = (w * th.ETA_PRIOR_RECOVERY_S + tl.downtime_s) / (w + seen)
@@ -365,7 +441,7 @@ def forecast_eta(
     grid, cg = _bins(tl)
     spr = np.diff(cg) / np.diff(grid)
     lo = _warmup_end(spr)
-    pace = _fit(grid, cg, lo, grid.size - 1)
+    pace, units = _choose(grid, cg, lo)
     if pace is None:
         return None
     current = float(s[-1])
@@ -376,7 +452,7 @@ def forecast_eta(
     compute = max(0.0, compute - min(silence, th.ETA_SILENCE_INTERVALS * tl.typical_dt))
     observed = float(grid[-1] - grid[lo])
     ratio = remaining / observed if observed > 0 else 10.0
-    unit = _sigma_per_ratio(grid, cg, lo)
+    unit = _sigma_per_ratio(units)
     sigma = min(th.ETA_SIGMA_MAX, math.hypot(th.ETA_SIGMA_FLOOR, unit * ratio))
     spread = math.exp(_Z90 * sigma)
     comp_q = np.array([compute / spread, compute, compute * spread])

@@ -45,6 +45,15 @@ ETA_TREND_DAMPING = 0.5
 # ... and only when the fitted slope is this many standard errors above zero: bin-to-bin noise
 # extrapolated 10x ahead would otherwise dominate the forecast.
 ETA_TREND_MIN_T = 3.0
+# A ramp (steps lengthening all through the run, in increments too small to test one by one) is
+# extrapolated at this fraction of its slope over the whole history.
+ETA_RAMP_DAMPING = 0.5
+# ... unless the current regime is flatter than the ramp by this many standard errors of its own
+# slope (a one-sided test at ~2.5%): then the rise was a staircase that has reached its top.
+ETA_RAMP_ENDED_T = 2.0
+# Back-test origins, as fractions of the history after warm-up: the model is fitted up to each
+# and scored on the rest; the errors choose between step and ramp models and size the spread.
+ETA_BACKTEST_ORIGINS = (1 / 3, 1 / 2, 2 / 3)
 # The trend may change the pace by at most this factor over the rest of the run.
 ETA_TREND_MAX_FACTOR = 1.5
 # Log-space spread of the remaining compute time that is always there (clock jitter, final
@@ -56,12 +65,15 @@ ETA_SIGMA_PER_RATIO_PRIOR = 0.08
 ETA_SIGMA_PRIOR_WEIGHT = 1.0
 # Cap on that spread: beyond a factor ~3.6 either way (P10..P90) an interval says nothing more.
 ETA_SIGMA_MAX = 1.0
-# Interruption prior: one interruption per three days of wall clock. Large multi-node runs see
-# more (GLM-130B's logbook: ~1 per 2 days; OPT-175B: several per week), the single- and few-node
-# jobs a self-hosted tracker mostly sees far fewer. Worth half an observed event, so that one
-# real interruption outweighs it.
-ETA_PRIOR_INTERRUPTIONS = 0.5
-ETA_PRIOR_INTERRUPTION_EVERY_S = 3 * 24 * 3600.0
+# Interruption rate prior: log-uniform between one a month (a healthy reserved node) and one
+# every 10 minutes (a preempted spot fleet, a crash-looping job): the rate of a given job is
+# unknown by orders of magnitude, so the prior only sets the range and the run's own record
+# (events seen over its wall clock) picks the scale. Large multi-node runs sit mid-range
+# (GLM-130B's logbook: ~1 per 2 days; OPT-175B: several per week). Grid points on that range.
+ETA_RATE_MIN_PER_S = 1.0 / (30 * 24 * 3600.0)
+ETA_RATE_MAX_PER_S = 1.0 / 600.0
+ETA_RATE_GRID = 40
+ETA_RATE_TYPICAL_PER_S = 1.0 / 3600.0
 # Prior recovery time (detect, relaunch, reload checkpoint): ~15 min, worth one observation.
 ETA_PRIOR_RECOVERY_S = 900.0
 ETA_PRIOR_RECOVERY_WEIGHT = 1.0
@@ -108,8 +120,28 @@ LOSS_WARMUP_SEARCH_FRACTION = 0.2  # the warm-up peak (if any) lies in the first
 LOSS_FIT_START_FRACTION = 0.02  # the first 2% of steps is warm-up transient, not power law
 # Exponents c of L = a + b * s**-c tried by grid search: loss curves have c in ~0.05..1.5;
 # a grid is robust where a nonlinear optimiser would wander off on a short noisy prefix.
-LOSS_POWER_EXPONENTS = tuple(float(c) for c in (0.03, 0.05, 0.08, 0.12, 0.17, 0.23, 0.3, 0.4,
-                                                 0.5, 0.65, 0.8, 1.0, 1.25, 1.6, 2.0, 2.5, 3.0))
+LOSS_POWER_EXPONENTS = tuple(
+    float(c)
+    for c in (
+        0.03,
+        0.05,
+        0.08,
+        0.12,
+        0.17,
+        0.23,
+        0.3,
+        0.4,
+        0.5,
+        0.65,
+        0.8,
+        1.0,
+        1.25,
+        1.6,
+        2.0,
+        2.5,
+        3.0,
+    )
+)
 LOSS_RECENCY_POWER = 1.0  # fit weight grows linearly with step: recent shape matters most
 # Log-log line (pure power law) through the recent loss: fitted on steps >= 25% of the current
 # step, i.e. after the fast early drop whose slope would not continue.
@@ -161,3 +193,14 @@ DIV_LAYER_Z = 5.0  # a layer's grad norm "moved": 5 robust sd off its baseline, 
 DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run before onset
 DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # (LOSS section: end)
+
+# --- When the forecasting service raises and updates flags (forecasting/services.py)
+# A deadline flag opens below 90% odds: the deadline-risk estimator reports the speed-up needed
+# to get back to 90%, so anything under it is actionable. Alert rules pick their own cut-off
+# (default 50%) from the flag's p_on_time.
+FLAG_DEADLINE_AT_RISK_P = 0.9
+# An open deadline flag gets an "updated" row when its odds cross one of these, so an alert
+# rule with any threshold sees the crossing (odds drifting 62% -> 61% is not news).
+FLAG_DEADLINE_BANDS = (0.75, 0.5, 0.25, 0.1, 0.01)
+# An open slip flag is updated each time the total slip doubles (1 h, 2 h, 4 h, ...).
+FLAG_SLIP_BAND_BASE_S = 3600.0

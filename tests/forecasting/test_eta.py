@@ -171,3 +171,61 @@ def test_million_points_run() -> None:
     eta = forecast_eta(steps, times, 2_000_000.0)
     assert eta is not None
     assert eta.compute_p50 == pytest.approx(1_000_000 * 0.1, rel=0.02)
+
+
+def _from_spr(spr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    steps = np.arange(spr.size + 1, dtype=float)
+    return steps, np.concatenate(([0.0], np.cumsum(spr)))
+
+
+def test_ramp_in_small_increments_is_extrapolated() -> None:
+    # An attention-window warm-up: step time grows 40% over the run in 25 small increments, each
+    # one a "level shift" too small to matter alone. Forecast from the first 30%.
+    n = 2000
+    rng = np.random.default_rng(1)
+    spr = 0.1 * (1.0 + 0.4 * np.floor(np.arange(n) / (n / 25)) / 25)
+    spr *= rng.gamma(400.0, 1 / 400.0, n)  # 5% step-to-step jitter, as real step timers show
+    steps, times = _from_spr(spr)
+    k = int(0.3 * n)
+    eta = forecast_eta(steps[: k + 1], times[: k + 1], float(n))
+    assert eta is not None
+    actual = float(times[-1] - times[k])
+    flat = float(spr[k - 1]) * (n - k)  # the current step time, held: what a progress bar says
+    assert eta.compute_p50 > flat * 1.04  # the ramp is followed (damped), not ignored
+    assert abs(eta.compute_p50 - actual) / actual < abs(flat - actual) / actual
+
+
+def test_staircase_that_has_levelled_off_is_not_a_ramp() -> None:
+    # Batch-size stages: two big steps up, then flat for a long stretch. The rise is over.
+    n = 3000
+    spr = np.where(np.arange(n) < 600, 0.05, np.where(np.arange(n) < 1200, 0.08, 0.1))
+    steps, times = _from_spr(spr)
+    k = 2400
+    eta = forecast_eta(steps[: k + 1], times[: k + 1], float(n))
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(0.1 * (n - k), rel=0.02)
+
+
+def test_one_slow_bin_at_the_end_does_not_set_the_pace() -> None:
+    rng = np.random.default_rng(2)
+    steps = np.arange(2001, dtype=float)
+    times = np.concatenate(([0.0], np.cumsum(rng.gamma(400.0, 1 / 400.0, 2000))))
+    times[-4:] += np.arange(1, 5) * 2.0  # the last few steps 3x slow: one slow bin, not a regime
+    eta = forecast_eta(steps, times, 4000.0)
+    assert eta is not None
+    assert eta.compute_p50 == pytest.approx(2000.0, rel=0.02)
+
+
+def test_interruption_rate_comes_from_the_run_itself() -> None:
+    # A 20-minute job that already went down twice: its next 20 minutes are likely hit again,
+    # whatever a fleet-wide "one per days" prior says.
+    steps, times = _steady(1201, 1.0)
+    times[400:] += 120.0
+    times[800:] += 120.0
+    flaky = forecast_eta(steps, times, 2400.0)
+    clean = forecast_eta(*_steady(1201, 1.0), 2400.0)
+    assert flaky is not None and clean is not None
+    assert flaky.interruptions_seen == 2
+    assert flaky.wall_p90 - flaky.compute_p90 > 100.0
+    # A job that has run cleanly is presumed healthy: its median is its compute time.
+    assert clean.wall_p50 == pytest.approx(clean.compute_p50, rel=0.01)
