@@ -103,20 +103,25 @@ def _family_mean(rows: list[dict[str, object]], key: str, cutoff: float) -> floa
     return float(np.mean([np.mean(x) for x in by_family.values()]))
 
 
+def _key(q: float) -> str:
+    # The JSON names cut-offs as percentages ("10" ... "90"), as the ETA figures do.
+    return f"{round(q * 100)}"
+
+
 def evaluate_loss(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
     """Final-loss forecast errors by cut-off. `seed` is unused: the replay is deterministic."""
     del seed
     rows = [row for run in runs for row in score_run(run)]
-    mae = {m: {str(q): _family_mean(rows, m, q) for q in CUTOFFS} for m in METHODS}
-    cover = {str(q): _family_mean(rows, "cover80", q) for q in CUTOFFS}
+    mae = {m: {_key(q): _family_mean(rows, m, q) for q in CUTOFFS} for m in METHODS}
+    cover = {_key(q): _family_mean(rows, "cover80", q) for q in CUTOFFS}
     improvement = {
-        str(q): _improvement(
-            mae["runcast"][str(q)], mae["last_smoothed"][str(q)], mae["power_law"][str(q)]
+        _key(q): _improvement(
+            mae["runcast"][_key(q)], mae["last_smoothed"][_key(q)], mae["power_law"][_key(q)]
         )
         for q in CUTOFFS
     }
-    counts = {str(q): sum(1 for r in rows if r["cutoff"] == q) for q in CUTOFFS}
-    families = {str(q): len({r["family"] for r in rows if r["cutoff"] == q}) for q in CUTOFFS}
+    counts = {_key(q): sum(1 for r in rows if r["cutoff"] == q) for q in CUTOFFS}
+    families = {_key(q): len({r["family"] for r in rows if r["cutoff"] == q}) for q in CUTOFFS}
     result = {
         "loss_mae": mae,
         "loss_cover80": cover,
@@ -148,8 +153,8 @@ def _table(
     counts: dict[str, int],
     families: dict[str, int],
 ) -> str:
-    qs = [str(q) for q in CUTOFFS]
-    head = "final-loss MAE (family mean) | " + " | ".join(f"cut {float(q):.0%}" for q in qs)
+    qs = [_key(q) for q in CUTOFFS]
+    head = "final-loss MAE (family mean) | " + " | ".join(f"cut {q}%" for q in qs)
     lines = [head]
     for m in METHODS:
         lines.append(f"{m:28s} | " + " | ".join(f"{_fmt(mae[m][q]):>7s}" for q in qs))

@@ -39,10 +39,10 @@ def test_evaluate_loss_json_and_table() -> None:
     result, table = le.evaluate_loss(runs, seed=0)
     json.dumps(result, allow_nan=False)
     for method in ("runcast", "last_smoothed", "power_law"):
-        assert set(result["loss_mae"][method]) == {"0.1", "0.25", "0.5", "0.75", "0.9"}
+        assert set(result["loss_mae"][method]) == {"10", "25", "50", "75", "90"}
     assert "runcast" in table and "cut 50%" in table
     # On a clean power-law curve the forecast must beat "nothing changes" from half-way on.
-    assert result["loss_mae"]["runcast"]["0.5"] < result["loss_mae"]["last_smoothed"]["0.5"]
+    assert result["loss_mae"]["runcast"]["50"] < result["loss_mae"]["last_smoothed"]["50"]
 
 
 def test_loss_replay_has_no_look_ahead() -> None:
@@ -111,6 +111,6 @@ def test_real_subset_goals() -> None:
     assert div["spike_false_alarms_per_10k"]["runcast"] <= 1.0
     assert div["spike_f1_pooled"]["runcast"] >= 0.9
     loss, _ = le.evaluate_loss(runs, seed=0)
-    for q in ("0.5", "0.75"):
+    for q in ("50", "75"):
         best = min(loss["loss_mae"]["last_smoothed"][q], loss["loss_mae"]["power_law"][q])
         assert loss["loss_mae"]["runcast"][q] < best
