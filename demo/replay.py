@@ -34,14 +34,42 @@ class Plan:
 
 
 PLANS = (
-    Plan("modded-nanogpt__track_1_short-2024-10-20_ScaleUp1B", "nanogpt-1b-scaleup",
-         "GPT-2 1.5B speedrun (8×H100)", 0.55, "blind-eval", 8, ("nanogpt", "1.5b")),
-    Plan("megatron-lm__deepseekv3_proxy", "dsv3-proxy-h100",
-         "DeepSeek-V3 proxy convergence (Megatron, H100)", 0.40, "release", None, ("megatron",)),
-    Plan("megatron-lm__bert_release", "bert-release-h100",
-         "BERT release convergence (Megatron, H100)", 1.0, None, None, ("megatron", "bert")),
-    Plan("parameter-golf__track_10min_16mb-2026-03-17_NaiveBaseline", "param-golf-baseline",
-         "Parameter golf naive baseline (10 min cap)", 1.0, None, 8, ("parameter-golf",)),
+    Plan(
+        "modded-nanogpt__track_1_short-2024-10-20_ScaleUp1B",
+        "nanogpt-1b-scaleup",
+        "GPT-2 1.5B speedrun (8x H100)",
+        0.55,
+        "blind-eval",
+        8,
+        ("nanogpt", "1.5b"),
+    ),
+    Plan(
+        "megatron-lm__deepseekv3_proxy",
+        "dsv3-proxy-h100",
+        "DeepSeek-V3 proxy convergence (Megatron, H100)",
+        0.40,
+        "release",
+        None,
+        ("megatron",),
+    ),
+    Plan(
+        "megatron-lm__bert_release",
+        "bert-release-h100",
+        "BERT release convergence (Megatron, H100)",
+        1.0,
+        None,
+        None,
+        ("megatron", "bert"),
+    ),
+    Plan(
+        "parameter-golf__track_10min_16mb-2026-03-17_NaiveBaseline",
+        "param-golf-baseline",
+        "Parameter golf naive baseline (10 min cap)",
+        1.0,
+        None,
+        8,
+        ("parameter-golf",),
+    ),
 )
 
 
@@ -103,8 +131,12 @@ def replay(plan: Plan, path: Path) -> None:
     t_now = rows[min(split, len(rows)) - 1].t
     base = time.time() - t_now
     run = runcast.init(
-        name=plan.name, id=plan.run_id, total_steps=total, deadline=plan.deadline,
-        tags=plan.tags, config={"source": path.name},
+        name=plan.name,
+        id=plan.run_id,
+        total_steps=total,
+        deadline=plan.deadline,
+        tags=plan.tags,
+        config={"source": path.name},
     )
     for row in rows[:split]:
         if m := _metrics(row):
