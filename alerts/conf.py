@@ -43,3 +43,11 @@ def slack_webhook_url() -> str:
         getattr(settings, "RUNCAST_SLACK_WEBHOOK_URL", "")
         or os.environ.get("RUNCAST_SLACK_WEBHOOK_URL", "")
     )
+
+
+def alert_emails() -> str:
+    """Addresses (comma-separated in the variable) for a project's default email channel."""
+    raw = str(
+        getattr(settings, "RUNCAST_ALERT_EMAIL", "") or os.environ.get("RUNCAST_ALERT_EMAIL", "")
+    )
+    return "\n".join(a.strip() for a in raw.split(",") if a.strip())

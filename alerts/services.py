@@ -67,12 +67,21 @@ def rules_ensure_defaults(*, project: Project) -> list[Rule]:
             ],
             ignore_conflicts=True,
         )
-        url = conf.slack_webhook_url()
-        if not existing and url and not project.alert_channels.exists():
-            Channel.objects.create(
-                project=project, kind=Channel.Kind.SLACK, name="Slack (default)", target=url
-            )
+        if not existing and not project.alert_channels.exists():
+            _default_channels_create(project=project)
     return list(Rule.objects.filter(project=project).prefetch_related("channels"))
+
+
+def _default_channels_create(*, project: Project) -> None:
+    # Environment-configured channels, so a fresh install (or the demo) alerts with no clicks.
+    if url := conf.slack_webhook_url():
+        Channel.objects.create(
+            project=project, kind=Channel.Kind.SLACK, name="Slack (default)", target=url
+        )
+    if emails := conf.alert_emails():
+        Channel.objects.create(
+            project=project, kind=Channel.Kind.EMAIL, name="Email (default)", target=emails
+        )
 
 
 def channel_create(*, project: Project, kind: str, name: str, target: str) -> Channel:

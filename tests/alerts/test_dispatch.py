@@ -87,6 +87,7 @@ def test_it_creates_a_default_slack_channel_from_the_environment(
     project: Project, settings: Any
 ) -> None:
     settings.RUNCAST_SLACK_WEBHOOK_URL = "https://hooks.slack.com/services/T/B/x"
+    settings.RUNCAST_ALERT_EMAIL = ""
     services.rules_ensure_defaults(project=project)
     services.rules_ensure_defaults(project=project)
 
@@ -343,3 +344,16 @@ def test_it_dispatches_as_soon_as_forecasting_commits_a_flag(
 
     assert len(mailbox.messages) == 1
     assert len(sink.to("/slack")) == 1
+
+
+def test_it_creates_a_default_email_channel_from_the_environment(
+    project: Project, settings: Any
+) -> None:
+    settings.RUNCAST_SLACK_WEBHOOK_URL = ""
+    settings.RUNCAST_ALERT_EMAIL = "lead@example.com, oncall@example.com"
+    services.rules_ensure_defaults(project=project)
+    services.rules_ensure_defaults(project=project)
+
+    assert list(project.alert_channels.values_list("kind", "target")) == [
+        ("email", "lead@example.com\noncall@example.com")
+    ]
