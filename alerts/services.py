@@ -72,16 +72,28 @@ def rules_ensure_defaults(*, project: Project) -> list[Rule]:
     return list(Rule.objects.filter(project=project).prefetch_related("channels"))
 
 
-def _default_channels_create(*, project: Project) -> None:
-    # Environment-configured channels, so a fresh install (or the demo) alerts with no clicks.
-    if url := conf.slack_webhook_url():
-        Channel.objects.create(
-            project=project, kind=Channel.Kind.SLACK, name="Slack (default)", target=url
-        )
-    if emails := conf.alert_emails():
-        Channel.objects.create(
-            project=project, kind=Channel.Kind.EMAIL, name="Email (default)", target=emails
-        )
+def _default_channels_create(*, project: Project) -> list[Channel]:
+    """Environment-configured channels, so a fresh install (or the demo) alerts with no clicks.
+
+    Idempotent: a channel with the same kind and target is not created twice.
+    """
+    wanted = [
+        (Channel.Kind.SLACK, "Slack (default)", conf.slack_webhook_url()),
+        (Channel.Kind.EMAIL, "Email (default)", conf.alert_emails()),
+    ]
+    created = []
+    for kind, name, target in wanted:
+        if target and not project.alert_channels.filter(kind=kind, target=target).exists():
+            created.append(
+                Channel.objects.create(project=project, kind=kind, name=name, target=target)
+            )
+    return created
+
+
+def channels_ensure_from_env(*, project: Project) -> list[Channel]:
+    """Add the environment's default channels to an existing project (used by scripts/dev)."""
+    rules_ensure_defaults(project=project)
+    return _default_channels_create(project=project)
 
 
 def channel_create(*, project: Project, kind: str, name: str, target: str) -> Channel:

@@ -150,6 +150,62 @@ def replay(plan: Plan, path: Path) -> None:
     log.info("%s: finished", plan.run_id)
 
 
+# The drill: a real curve with an INJECTED failure, so a fresh install shows the alert path end
+# to end (it is labelled as a drill everywhere it appears). The job logs checkpoints, its loss
+# goes NaN, the job dies; two minutes later it is resumed from the last checkpoint before the
+# NaN, as teams do, and the NaN flag resolves.
+DRILL = Plan(
+    "megatron-lm__bert_release",
+    "bert-divergence-drill",
+    "BERT divergence drill (real curve, injected NaN)",
+    0.30,
+    None,
+    8,
+    ("drill",),
+)
+DRILL_NAN_AT = 0.50  # fraction of the steps where the injected NaN starts
+DRILL_RESUME_AFTER_S = 120.0
+DRILL_CHECKPOINT_EVERY = 2000
+
+
+def drill(path: Path) -> None:
+    rows, total = load(path)
+    split = next(i for i, r in enumerate(rows) if r.step >= DRILL.now_fraction * rows[-1].step)
+    nan_at = DRILL_NAN_AT * rows[-1].step
+    config = {"source": path.name, "drill": f"NaN injected from step {nan_at:.0f}"}
+    args = {"name": DRILL.name, "id": DRILL.run_id, "total_steps": total, "tags": DRILL.tags}
+    run = runcast.init(config=config, **args)
+    base = time.time() - rows[split - 1].t
+    for i, row in enumerate(rows):
+        if i >= split:
+            time.sleep(max(0.0, base + row.t - time.time()))
+        when = base + row.t if i < split else None
+        if row.step >= nan_at:
+            run.log({"loss": float("nan")}, step=row.step, time=when)
+            if row.step >= nan_at + 200:
+                break
+            continue
+        if m := _metrics(row):
+            run.log(m, step=row.step, time=when)
+        if row.step and row.step % DRILL_CHECKPOINT_EVERY == 0:
+            run.event("checkpoint", step=row.step, path=f"ckpt/{row.step}")
+    run.finish(status="crashed")
+    log.info("drill: crashed with NaN loss; resuming in %.0f s", DRILL_RESUME_AFTER_S)
+    time.sleep(DRILL_RESUME_AFTER_S)
+    # The last checkpoint before the NaN: what the alert names as the rollback target.
+    resume_step = int((nan_at - 1) // DRILL_CHECKPOINT_EVERY * DRILL_CHECKPOINT_EVERY)
+    run = runcast.init(config=config, **args)
+    run.event("resume", step=resume_step, checkpoint=f"ckpt/{resume_step}")
+    start = next(i for i, r in enumerate(rows) if r.step > resume_step)
+    base = time.time() - rows[start].t
+    for row in rows[start:]:
+        time.sleep(max(0.0, base + row.t - time.time()))
+        if m := _metrics(row):
+            run.log(m, step=row.step)
+    run.finish()
+    log.info("drill: finished after the resume")
+
+
 def main(directory: str) -> None:
     files = sorted(Path(directory).glob("*.csv"))
     threads = []
@@ -159,6 +215,11 @@ def main(directory: str) -> None:
             log.warning("no file for %s", plan.run_id)
             continue
         thread = threading.Thread(target=replay, args=(plan, path), name=plan.run_id)
+        thread.start()
+        threads.append(thread)
+    drill_file = next((f for f in files if f.name.startswith(DRILL.file_prefix)), None)
+    if drill_file is not None:
+        thread = threading.Thread(target=drill, args=(drill_file,), name="drill")
         thread.start()
         threads.append(thread)
     for thread in threads:

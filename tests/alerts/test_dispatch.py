@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from alerts import services, tasks
@@ -356,4 +357,17 @@ def test_it_creates_a_default_email_channel_from_the_environment(
 
     assert list(project.alert_channels.values_list("kind", "target")) == [
         ("email", "lead@example.com\noncall@example.com")
+    ]
+
+
+def test_it_adds_env_channels_to_an_existing_project_once(project: Project, settings: Any) -> None:
+    settings.RUNCAST_SLACK_WEBHOOK_URL = ""
+    settings.RUNCAST_ALERT_EMAIL = ""
+    services.rules_ensure_defaults(project=project)
+    settings.RUNCAST_ALERT_EMAIL = "lead@example.com"
+    call_command("alerts_env_channels", project.slug)
+    call_command("alerts_env_channels", project.slug)
+
+    assert list(project.alert_channels.values_list("kind", "target")) == [
+        ("email", "lead@example.com")
     ]
