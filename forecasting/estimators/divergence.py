@@ -325,6 +325,8 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     if len(earlier) == 0:
         return None  # never this high before the best point: a warm-up artefact, not regression
     back_to = int(earlier[-1])
+    if bs[best] - bs[back_to] < th.DIV_REGRESSION_MIN_LOST_SHARE * (bs[-1] - bs[0]):
+        return None
     tail = np.flatnonzero(smooth[best:] <= smooth[best] + th.DIV_REGRESSION_ONSET_SHARE * lost)
     onset = best + int(tail[-1]) if len(tail) else best
     return DivergenceFlag(

@@ -188,6 +188,10 @@ DIV_OSC_MIN_FLIPS = 0.3  # residual changes sign on >= 30% of steps: it swings, 
 DIV_REGRESSION_MIN_BINS = 10  # need some history to talk about an earlier level
 DIV_REGRESSION_LEVEL_BINS = 5  # level now / best level = medians over 5 bins (not one blip)
 DIV_REGRESSION_MIN_FRACTION = 0.05  # at least 5% above the best smoothed loss
+# The progress given back must span at least 10% of the run so far: a loss that wanders back to
+# where it stood a few hundred steps ago is noise (spikes and rises have their own detectors);
+# a regression is "back at its level of ten days ago".
+DIV_REGRESSION_MIN_LOST_SHARE = 0.10
 DIV_REGRESSION_ONSET_SHARE = 0.25  # onset: last time the loss was within 25% of the lost ground
 DIV_LAYER_Z = 5.0  # a layer's grad norm "moved": 5 robust sd off its baseline, held 2 points
 DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run before onset
