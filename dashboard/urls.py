@@ -2,11 +2,39 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import views
+from dashboard import settings_views, views
 
 app_name = "dashboard"
+run = "runs/<slug:project>/<str:run_id>/"
+settings = "projects/<slug:project>/settings/"
 urlpatterns = [
     path("", views.home, name="home"),
-    path("runs/<slug:project>/<str:run_id>/", views.run_detail, name="run"),
-    path("runs/<slug:project>/<str:run_id>/series.json", views.run_series, name="run-series"),
+    path("board/", views.board_partial, name="board-partial"),
+    path(run, views.run_detail, name="run"),
+    path(f"{run}summary/", views.run_summary, name="run-summary"),
+    path(f"{run}series.json", views.run_series, name="run-series"),
+    path(f"{run}throughput.json", views.run_throughput, name="run-throughput"),
+    path(f"{run}overview.json", views.run_overview, name="run-overview"),
+    path("projects/<slug:project>/compare/", views.compare, name="compare"),
+    path(settings, settings_views.settings_page, name="settings"),
+    path(f"{settings}project/", settings_views.settings_project, name="settings-project"),
+    path(f"{settings}targets/", settings_views.settings_targets, name="settings-targets"),
+    path(f"{settings}members/", settings_views.member_add, name="member-add"),
+    path(
+        f"{settings}members/<int:membership_id>/",
+        settings_views.member_update,
+        name="member-update",
+    ),
+    path(f"{settings}tokens/", settings_views.token_new, name="token-new"),
+    path(
+        f"{settings}tokens/<int:token_id>/revoke/", settings_views.token_delete, name="token-revoke"
+    ),
+    path(
+        "projects/<slug:project>/deadlines/new/", settings_views.deadline_new, name="deadline-new"
+    ),
+    path(
+        "projects/<slug:project>/deadlines/<slug:slug>/",
+        settings_views.deadline_edit,
+        name="deadline-edit",
+    ),
 ]

@@ -1,4 +1,4 @@
-"""Web pages. Views parse, authorise (membership), call a selector and render."""
+"""Pages and chart data. Views parse, authorise (membership), call a selector and render."""
 
 from __future__ import annotations
 
@@ -6,41 +6,22 @@ import math
 
 import numpy as np
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
 
+from dashboard.access import membership_for, run_for
+from dashboard.presenters import board_view
+from forecasting import board as board_selectors
+from forecasting.selectors import eta_history
 from tracker import selectors
-from tracker.models import Run
 
 MAX_BUCKETS = 2_000
-
-
-def _run_for_user(request: HttpRequest, project: str, run_id: str) -> Run:
-    membership = selectors.membership_get(user=request.user, project_slug=project)
-    if membership is None:
-        # An outsider learns nothing, not even that the project exists.
-        raise Http404("no such run")
-    run = selectors.run_get(project=membership.project, public_id=run_id)
-    if run is None:
-        raise Http404("no such run")
-    return run
-
-
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    runs = selectors.run_list_for_user(user=request.user)[:500]
-    return render(request, "dashboard/home.html", {"runs": runs})
-
-
-@login_required
-def run_detail(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
-    run = _run_for_user(request, project, run_id)
-    keys = selectors.series_keys(run=run)
-    default = next(
-        (k for k in ("loss", "train_loss", "val_loss") if k in keys), keys[0] if keys else ""
-    )
-    context = {"run": run, "keys": keys, "default_key": default}
-    return render(request, "dashboard/run.html", context)
+# Pages poll their partials at these intervals while a run is active (htmx `every`).
+BOARD_POLL_S = 15
+RUN_POLL_S = 10
 
 
 def _floats(a: np.ndarray) -> list[float | None]:
@@ -56,18 +37,64 @@ def _float_param(request: HttpRequest, name: str) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _buckets(request: HttpRequest) -> int:
+    try:
+        return max(10, min(MAX_BUCKETS, int(request.GET.get("buckets", 1000))))
+    except ValueError:
+        return 1000
+
+
+# --- board -----------------------------------------------------------------------------------
+
+
 @login_required
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    board = board_selectors.board_for_user(user=request.user, now=now)
+    context = {"view": board_view(board, now), "poll_s": BOARD_POLL_S}
+    return render(request, "dashboard/board.html", context)
+
+
+@login_required
+@require_GET
+def board_partial(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    board = board_selectors.board_for_user(user=request.user, now=now)
+    context = {"view": board_view(board, now), "poll_s": BOARD_POLL_S}
+    return render(request, "dashboard/_board.html", context)
+
+
+# --- run page --------------------------------------------------------------------------------
+
+
+def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
+    run = run_for(request, project, run_id)
+    page = board_selectors.run_page(run=run, now=timezone.now())
+    return {"run": page.outlook.run, "page": page, "o": page.outlook, "poll_s": RUN_POLL_S}
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
+    return render(request, "dashboard/run.html", _run_context(request, project, run_id))
+
+
+@login_required
+@require_GET
+def run_summary(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
+    return render(request, "dashboard/_run_summary.html", _run_context(request, project, run_id))
+
+
+@login_required
+@require_GET
 def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
     """Chart data for one key over the visible step range (zooming asks for finer data)."""
-    run = _run_for_user(request, project, run_id)
-    try:
-        buckets = max(10, min(MAX_BUCKETS, int(request.GET.get("buckets", 1000))))
-    except ValueError:
-        buckets = 1000
+    run = run_for(request, project, run_id)
     view = selectors.series_view(
         run=run,
         key=request.GET.get("key", ""),
-        buckets=buckets,
+        buckets=_buckets(request),
         x0=_float_param(request, "x0"),
         x1=_float_param(request, "x1"),
     )
@@ -85,3 +112,100 @@ def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
             "nonfinite_steps": view.nonfinite_steps.tolist(),
         }
     )
+
+
+@login_required
+@require_GET
+def run_throughput(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
+    run = run_for(request, project, run_id)
+    view = board_selectors.throughput_view(
+        run=run,
+        buckets=_buckets(request),
+        x0=_float_param(request, "x0"),
+        x1=_float_param(request, "x1"),
+    )
+    return JsonResponse(
+        {
+            "key": view.key,
+            "source": view.source,
+            "x": _floats(view.x),
+            "rate": _floats(view.rate),
+            "min": _floats(view.lo),
+            "max": _floats(view.hi),
+        }
+    )
+
+
+@login_required
+@require_GET
+def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
+    """Everything the charts draw besides the series: ETA history, cutoff, loss forecast,
+    target and markers."""
+    run = run_for(request, project, run_id)
+    page = board_selectors.run_page(run=run, now=timezone.now())
+    o = page.outlook
+    deadline = run.deadline
+    loss = o.loss or {}
+    forecast = None
+    if loss and run.is_active:
+        forecast = board_selectors.loss_forecast_path(
+            loss, from_step=float(run.last_step or 0) or 1.0
+        )
+    return JsonResponse(
+        {
+            "run": run.public_id,
+            "name": str(run),
+            "active": run.is_active,
+            "loss_key": page.loss_key,
+            "keys": page.keys,
+            "eta_history": eta_history(run=run, limit=2000),
+            "deadline": None
+            if deadline is None
+            else {
+                "name": deadline.name,
+                "cutoff": deadline.cutoff.timestamp(),
+                "train_by": deadline.train_by.timestamp(),
+            },
+            "loss_forecast": forecast,
+            "loss": loss or None,
+            "target": run.project.targets.get(page.loss_key or "", None),
+            "markers": [
+                {"kind": m.kind, "step": m.step, "label": m.label}
+                for m in board_selectors.run_markers(run=run)
+            ],
+            "total_steps": run.total_steps,
+            "last_step": run.last_step,
+        }
+    )
+
+
+# --- compare ---------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project)
+    chosen = request.GET.getlist("run")[:8]
+    runs = list(selectors.run_list(project=membership.project)[:200])
+    keys = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
+    slug = membership.project.slug
+    picked = [
+        {
+            "id": r.public_id,
+            "name": str(r),
+            "series": reverse("dashboard:run-series", args=[slug, r.public_id]),
+            "overview": reverse("dashboard:run-overview", args=[slug, r.public_id]),
+        }
+        for r in runs
+        if r.public_id in chosen
+    ]
+    context = {
+        "project": membership.project,
+        "runs": runs,
+        "chosen": picked,
+        "chosen_ids": chosen,
+        "key": request.GET.get("key") or "",
+        "suggested_keys": keys,
+    }
+    return render(request, "dashboard/compare.html", context)

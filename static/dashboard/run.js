@@ -1,37 +1,180 @@
-// Draws one metric: the min/max envelope of every bucket (so no spike is hidden) and its mean.
+// The run page: loss (envelope + smoothed + forecast fan + markers), ETA history, throughput and
+// any other metric. Every chart re-fetches for the visible range on zoom and while the run is live.
 (function () {
-  const el = document.getElementById("chart");
-  if (!el) return;
-  const select = document.getElementById("metric-key");
-  const info = document.getElementById("chart-info");
-  let plot = null;
+  const root = document.getElementById("charts");
+  if (!root) return;
+  const R = window.Runcast;
+  const urls = root.dataset;
+  let ov = null; // overview.json: ETA history, deadline, loss forecast, target, markers
 
-  async function draw(key) {
-    const url = el.dataset.url + "?key=" + encodeURIComponent(key) + "&buckets=1000";
-    const res = await fetch(url, { credentials: "same-origin" });
-    const d = await res.json();
-    const data = [d.x, d.min, d.max, d.mean];
-    const opts = {
-      width: el.clientWidth || 900,
-      height: 360,
-      scales: { x: { time: false } },
-      series: [
-        { label: "step" },
-        { label: "min", stroke: "rgba(60,120,200,0.35)" },
-        { label: "max", stroke: "rgba(60,120,200,0.35)" },
-        { label: key, stroke: "#1f4e8c", width: 1.5 },
-      ],
-      bands: [{ series: [2, 1], fill: "rgba(60,120,200,0.15)" }],
-    };
-    if (plot) plot.destroy();
-    plot = new uPlot(opts, data, el);
-    el.dataset.drawnPoints = String(d.points);
-    const nonfinite = d.nonfinite_steps.length
-      ? " · non-finite values at steps " + d.nonfinite_steps.slice(0, 10).join(", ")
-      : "";
-    info.textContent = d.points + " points in " + d.x.length + " buckets" + nonfinite;
+  async function refreshOverview() {
+    ov = await R.getJSON(urls.overview);
   }
 
-  draw(el.dataset.key);
-  if (select) select.addEventListener("change", () => draw(select.value));
+  function info(id, text) {
+    const el = document.getElementById(id);
+    if (el) el.textContent = text;
+  }
+
+  function sourceText(d) {
+    const nonfinite = d.nonfinite_steps && d.nonfinite_steps.length ? " · NaN/Inf at steps " + d.nonfinite_steps.slice(0, 8).join(", ") : "";
+    return d.points.toLocaleString() + " points → " + d.x.length + " buckets (" + d.source + ", every bucket's min and max kept)" + nonfinite + " · drag to zoom, double-click to reset";
+  }
+
+  // --- loss ----------------------------------------------------------------------------------
+  const lossEl = document.getElementById("chart-loss");
+  const logBox = document.getElementById("loss-log");
+  const loss = R.rangeChart(lossEl, async (x0, x1, buckets) => {
+    const key = (ov && ov.loss_key) || urls.lossKey;
+    const d = await R.getJSON(urls.series + "?key=" + encodeURIComponent(key) + "&buckets=" + buckets + R.rangeQuery(x0, x1));
+    const smooth = R.ema(d.mean, Math.max(3, Math.round(d.x.length / 60)));
+    const tables = [[d.x, d.min, d.max, d.mean, smooth]];
+    const f = ov && ov.loss_forecast;
+    if (f) tables.push([f.x, f.p10, f.p50, f.p90]);
+    else tables.push([[], [], [], []]);
+    const data = tables[1][0].length ? uPlot.join(tables) : tables[0].concat([[], [], []].map(() => d.x.map(() => null)));
+    const log = logBox.checked && R.positive([d.min]);
+    info("info-loss", sourceText(d));
+    lossEl.dataset.points = String(d.points);
+    return {
+      data,
+      opts: R.merge(
+        {
+          scales: { x: { time: false }, y: log ? { distr: 3, range: R.logRange } : {} },
+          axes: [{ values: R.fmtStep, label: "step", labelSize: 18 }, { size: 56 }],
+          series: [
+            { label: "step" },
+            { label: "min", stroke: "rgba(31,78,140,0.25)", width: 1, points: { show: false } },
+            { label: "max", stroke: "rgba(31,78,140,0.25)", width: 1, points: { show: false } },
+            { label: "mean", stroke: "rgba(31,78,140,0.45)", width: 1, points: { show: false } },
+            { label: "smoothed", stroke: "#1f4e8c", width: 2, points: { show: false } },
+            { label: "P10", stroke: "rgba(217,130,43,0.6)", width: 1, dash: [4, 4], spanGaps: true, points: { show: false } },
+            { label: "forecast P50", stroke: "#d9822b", width: 2, dash: [6, 4], spanGaps: true, points: { show: false } },
+            { label: "P90", stroke: "rgba(217,130,43,0.6)", width: 1, dash: [4, 4], spanGaps: true, points: { show: false } },
+          ],
+          bands: [
+            { series: [2, 1], fill: "rgba(31,78,140,0.14)" },
+            { series: [7, 5], fill: "rgba(217,130,43,0.14)" },
+          ],
+        },
+        R.overlay(
+          () => (ov ? ov.markers : []),
+          () => (ov && ov.target != null ? [{ y: ov.target, label: "target " + ov.target, color: "#1e8e3e", dash: [8, 4] }] : [])
+        ),
+        { hooks: { ready: [(u) => (window.runcastCharts.loss = u)] } }
+      ),
+    };
+  });
+  logBox.addEventListener("change", () => loss.load());
+
+  // --- ETA history ---------------------------------------------------------------------------
+  const etaEl = document.getElementById("chart-eta");
+  let etaPlot = null;
+  function drawEta() {
+    const h = (ov && ov.eta_history) || [];
+    const data = [h.map((r) => r[0]), h.map((r) => r[1]), h.map((r) => r[2]), h.map((r) => r[3])];
+    const dl = ov && ov.deadline;
+    const lines = [];
+    if (dl) {
+      lines.push({ y: dl.cutoff, label: "cutoff " + R.fmtEpoch(dl.cutoff), color: "#c0392b", above: true });
+      if (dl.train_by !== dl.cutoff) lines.push({ y: dl.train_by, label: "train by " + R.fmtEpoch(dl.train_by), color: "#c0392b", dash: [6, 4] });
+    }
+    // Early forecasts are wide; the range follows the medians, the latest band and the cutoff
+    // so the recent history stays readable (the early band is clipped, not hidden).
+    const last = h.length ? h[h.length - 1] : null;
+    const ys = h.map((r) => r[2]).concat(lines.map((l) => l.y)).concat(last ? [last[1], last[3]] : []);
+    const lo = Math.min(...ys), hi = Math.max(...ys);
+    const pad = Math.max(600, (hi - lo) * 0.25);
+    const opts = R.merge(
+      {
+        width: etaEl.clientWidth || 600,
+        height: 240,
+        scales: { x: { time: true }, y: { auto: false, range: [lo - pad, hi + pad] } },
+        axes: [{ values: (u, vals) => vals.map(R.fmtClock), space: 70 }, { size: 88, values: (u, vals) => vals.map(R.fmtEpoch) }],
+        series: [
+          { label: "forecast at" },
+          { label: "P10", stroke: "rgba(31,78,140,0.35)", value: (u, v) => R.fmtEpoch(v), points: { show: false } },
+          { label: "P50 finish", stroke: "#1f4e8c", width: 2, value: (u, v) => R.fmtEpoch(v), points: { show: h.length < 40 } },
+          { label: "P90", stroke: "rgba(31,78,140,0.35)", value: (u, v) => R.fmtEpoch(v), points: { show: false } },
+        ],
+        bands: [{ series: [3, 1], fill: "rgba(31,78,140,0.12)" }],
+      },
+      R.overlay(() => [], () => lines),
+      { hooks: { ready: [(u) => (window.runcastCharts.eta = u)] } }
+    );
+    if (etaPlot) etaPlot.destroy();
+    if (!h.length) {
+      info("info-eta", "No ETA forecast yet: the run needs a planned total and a few progress points.");
+      return;
+    }
+    etaPlot = new uPlot(opts, data, etaEl);
+    info("info-eta", h.length + " forecasts · latest median finish " + R.fmtEpoch(last[2]));
+  }
+
+  // --- throughput ----------------------------------------------------------------------------
+  const rateEl = document.getElementById("chart-rate");
+  const rate = R.rangeChart(rateEl, async (x0, x1, buckets) => {
+    const d = await R.getJSON(urls.throughput + "?buckets=" + Math.min(400, buckets) + R.rangeQuery(x0, x1));
+    const ms = d.rate.map((r) => (r ? 1000 / r : null));
+    info("info-rate", d.key ? "from " + d.key + " (" + d.source + ") · " + d.x.length + " buckets" : "no progress series yet");
+    return {
+      data: [d.x, d.min, d.max, d.rate, ms],
+      opts: {
+        scales: { x: { time: false }, ms: {} },
+        axes: [
+          { values: R.fmtStep },
+          { label: "steps/s", labelSize: 18, size: 50 },
+          { scale: "ms", side: 1, label: "ms/step", labelSize: 18, size: 50, grid: { show: false } },
+        ],
+        series: [
+          { label: "step" },
+          { label: "slowest", stroke: "rgba(30,142,62,0.25)", points: { show: false } },
+          { label: "fastest", stroke: "rgba(30,142,62,0.25)", points: { show: false } },
+          { label: "steps/s", stroke: "#1e8e3e", width: 2, points: { show: false } },
+          { label: "ms/step", scale: "ms", stroke: "rgba(120,70,180,0.8)", width: 1, dash: [4, 3], points: { show: false } },
+        ],
+        bands: [{ series: [2, 1], fill: "rgba(30,142,62,0.12)" }],
+        hooks: { ready: [(u) => (window.runcastCharts.rate = u)] },
+      },
+    };
+  });
+
+  // --- other metrics -------------------------------------------------------------------------
+  const metricEl = document.getElementById("chart-metric");
+  const select = document.getElementById("metric-key");
+  const metric = R.rangeChart(metricEl, async (x0, x1, buckets) => {
+    const key = select.value;
+    const d = await R.getJSON(urls.series + "?key=" + encodeURIComponent(key) + "&buckets=" + buckets + R.rangeQuery(x0, x1));
+    info("info-metric", sourceText(d));
+    return {
+      data: [d.x, d.min, d.max, d.mean],
+      opts: {
+        scales: { x: { time: false } },
+        axes: [{ values: R.fmtStep }, { size: 56 }],
+        series: [
+          { label: "step" },
+          { label: "min", stroke: "rgba(80,80,90,0.3)", points: { show: false } },
+          { label: "max", stroke: "rgba(80,80,90,0.3)", points: { show: false } },
+          { label: key, stroke: "#333a48", width: 1.5, points: { show: false } },
+        ],
+        bands: [{ series: [2, 1], fill: "rgba(80,80,90,0.12)" }],
+        hooks: { ready: [(u) => (window.runcastCharts.metric = u)] },
+      },
+    };
+  });
+  if (select) select.addEventListener("change", () => metric.reset());
+
+  const charts = { loss, rate, metric };
+  document.querySelectorAll("[data-reset]").forEach((b) => b.addEventListener("click", () => charts[b.dataset.reset].reset()));
+
+  async function refresh() {
+    await refreshOverview();
+    drawEta();
+    await Promise.all([loss.load(), rate.load(), select && select.value ? metric.load() : null]);
+    root.dataset.ready = "1";
+  }
+  refresh();
+  // Live: re-read every chart at its current zoom while the run is active.
+  if (urls.active === "1") setInterval(refresh, 15000);
+  window.addEventListener("resize", () => etaPlot && etaPlot.setSize({ width: etaEl.clientWidth, height: 240 }));
 })();

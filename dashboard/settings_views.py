@@ -1,0 +1,202 @@
+"""Project settings: the project (price, currency, timezone), targets, members, tokens and
+deadlines. Viewers see the page read-only; every POST checks the role again (403)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from dashboard import forms
+from dashboard.access import membership_for
+from tracker import settings_selectors as sel
+from tracker import settings_services as svc
+from tracker.models import Membership, Project
+from tracker.services import ServiceError, token_create, token_revoke
+
+
+def _page(
+    request: HttpRequest, membership: Membership, status: int = 200, **extra: Any
+) -> HttpResponse:
+    project = membership.project
+    context: dict[str, Any] = {
+        "project": project,
+        "membership": membership,
+        "can_edit": membership.can_edit,
+        "is_owner": membership.role == Membership.Role.OWNER,
+        "members": sel.membership_list(project=project),
+        "tokens": sel.token_list(project=project) if membership.can_edit else [],
+        "deadlines": sel.deadline_list(project=project),
+        "roles": Membership.Role.choices,
+        "project_form": forms.ProjectForm(initial=_project_initial(project)),
+        "targets_form": forms.TargetsForm(
+            initial={"targets": forms.TargetsForm.initial_text(project.targets)}
+        ),
+        "member_form": forms.MemberAddForm(),
+        "token_form": forms.TokenForm(),
+        **extra,
+    }
+    return render(request, "dashboard/settings.html", context, status=status)
+
+
+def _project_initial(project: Project) -> dict[str, Any]:
+    return {
+        "gpu_hour_price": project.gpu_hour_price,
+        "currency": project.currency,
+        "timezone": project.timezone,
+    }
+
+
+@login_required
+def settings_page(request: HttpRequest, project: str) -> HttpResponse:
+    return _page(request, membership_for(request, project))
+
+
+@login_required
+@require_POST
+def settings_project(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project, need="owner")
+    form = forms.ProjectForm(request.POST)
+    if not form.is_valid():
+        return _page(request, membership, 400, project_form=form)
+    svc.project_update(project=membership.project, **form.cleaned_data)
+    return redirect("dashboard:settings", project=project)
+
+
+@login_required
+@require_POST
+def settings_targets(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project, need="member")
+    form = forms.TargetsForm(request.POST)
+    if not form.is_valid():
+        return _page(request, membership, 400, targets_form=form)
+    svc.project_targets_update(project=membership.project, targets=form.cleaned_data["targets"])
+    return redirect("dashboard:settings", project=project)
+
+
+@login_required
+@require_POST
+def member_add(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project, need="owner")
+    form = forms.MemberAddForm(request.POST)
+    if form.is_valid():
+        try:
+            svc.membership_add(
+                project=membership.project,
+                username_or_email=form.cleaned_data["user"],
+                role=form.cleaned_data["role"],
+            )
+            return redirect("dashboard:settings", project=project)
+        except ServiceError as exc:
+            form.add_error("user", exc.message)
+    return _page(request, membership, 400, member_form=form)
+
+
+@login_required
+@require_POST
+def member_update(request: HttpRequest, project: str, membership_id: int) -> HttpResponse:
+    membership = membership_for(request, project, need="owner")
+    target = sel.membership_get_by_id(project=membership.project, membership_id=membership_id)
+    if target is None:
+        raise Http404("no such member")
+    form = forms.MemberRoleForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ServiceError("invalid role", field="role")
+        if form.cleaned_data["remove"]:
+            svc.membership_remove(membership=target)
+        elif form.cleaned_data["role"]:
+            svc.membership_change_role(membership=target, role=form.cleaned_data["role"])
+    except ServiceError as exc:
+        return _page(request, membership, 409, member_error=exc.message)
+    return redirect("dashboard:settings", project=project)
+
+
+@login_required
+@require_POST
+def token_new(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project, need="member")
+    form = forms.TokenForm(request.POST)
+    if not form.is_valid():
+        return _page(request, membership, 400, token_form=form)
+    full = token_create(
+        project=membership.project,
+        name=form.cleaned_data["name"],
+        scope=form.cleaned_data["scope"],
+        created_by=request.user,
+    )
+    # Rendered, not redirected: the secret lives only in this response, never in a session.
+    response = _page(
+        request, membership, 201, new_token=full, new_token_name=form.cleaned_data["name"]
+    )
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def token_delete(request: HttpRequest, project: str, token_id: int) -> HttpResponse:
+    membership = membership_for(request, project, need="member")
+    token = sel.token_get(project=membership.project, token_id=token_id)
+    if token is None:
+        raise Http404("no such token")
+    token_revoke(token=token)
+    return redirect("dashboard:settings", project=project)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def deadline_new(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(request, project, need="member")
+    form = forms.DeadlineForm(
+        request.POST or None, initial={"timezone": membership.project.timezone}
+    )
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            svc.deadline_create(
+                project=membership.project,
+                name=d["name"],
+                cutoff=d["cutoff"],
+                timezone=d["timezone"],
+                buffer=d["buffer"],
+                notes=d["notes"],
+            )
+            return redirect("dashboard:settings", project=project)
+        except ServiceError as exc:
+            form.add_error(None, exc.message)
+    status = 400 if request.method == "POST" else 200
+    context = {"project": membership.project, "form": form, "deadline": None}
+    return render(request, "dashboard/deadline_form.html", context, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def deadline_edit(request: HttpRequest, project: str, slug: str) -> HttpResponse:
+    membership = membership_for(request, project, need="member")
+    deadline = sel.deadline_get(project=membership.project, slug=slug)
+    if deadline is None:
+        raise Http404("no such deadline")
+    form = forms.DeadlineForm(
+        request.POST or None, initial=forms.DeadlineForm.initial_for(deadline)
+    )
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            svc.deadline_update(
+                deadline=deadline,
+                name=d["name"],
+                cutoff=d["cutoff"],
+                timezone=d["timezone"],
+                buffer=d["buffer"],
+                notes=d["notes"],
+            )
+            return redirect("dashboard:settings", project=project)
+        except ServiceError as exc:
+            form.add_error(None, exc.message)
+    status = 400 if request.method == "POST" else 200
+    context = {"project": membership.project, "form": form, "deadline": deadline}
+    return render(request, "dashboard/deadline_form.html", context, status=status)

@@ -1,0 +1,112 @@
+"""Small builders for dashboard tests: runs with points, forecasts and flags at chosen clocks."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from forecasting.models import Flag, Forecast
+from tracker.models import Deadline, Project, Run
+from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
+
+T0 = 1.7e9
+
+
+def make_run(
+    project: Project,
+    public_id: str,
+    *,
+    points: int = 1000,
+    chunk: int = 500,
+    total: int | None = 100_000,
+    deadline: Deadline | None = None,
+    world_size: int | None = 8,
+    rate: float = 2.0,
+) -> Run:
+    """A running run whose `loss` is logged at `rate` steps/s, in batches of `chunk` points."""
+    started = run_start(
+        project=project,
+        public_id=public_id,
+        session="s",
+        started_at=from_epoch(T0),
+        fields={"name": public_id, "total_steps": total, "world_size": world_size},
+        deadline_slug=deadline.slug if deadline else None,
+    )
+    steps = np.arange(points, dtype=np.int64)
+    values = 3.0 + np.exp(-steps / 5000.0)
+    times = T0 + steps / rate
+    for seq, lo in enumerate(range(0, points, chunk), start=1):
+        sl = slice(lo, lo + chunk)
+        batch_ingest(
+            run=started.run,
+            session="s",
+            seq=seq,
+            series=[SeriesIn("loss", steps[sl], values[sl], times[sl])],
+            events=[],
+            heartbeat=None,
+        )
+    return Run.objects.get(pk=started.run.pk)
+
+
+def forecast(
+    run: Run, kind: str, at: datetime, *, finish: float | None = None, **data: Any
+) -> Forecast:
+    spread = 1800.0
+    return Forecast.objects.create(
+        run=run,
+        kind=kind,
+        computed_at=at,
+        segment=run.current_segment,
+        input_last_step=int(at.timestamp()),
+        finish_p10=None if finish is None else finish - spread,
+        finish_p50=finish,
+        finish_p90=None if finish is None else finish + spread,
+        data=data,
+    )
+
+
+def forecast_set(run: Run, now: datetime, *, finish_in: float, p: float | None = None) -> None:
+    """An ETA 20 h ago, the latest ETA (moved by +1 h), a loss forecast and a deadline risk."""
+    end = now.timestamp() + finish_in
+    forecast(run, "eta", now - timedelta(hours=20), finish=end - 3600, rate_steps_per_s=2.0)
+    forecast(run, "eta", now - timedelta(minutes=1), finish=end, rate_steps_per_s=1.8)
+    forecast(
+        run,
+        "loss",
+        now,
+        p10=2.9,
+        p50=3.0,
+        p90=3.1,
+        smoothed_last=3.2,
+        final_step=100_000,
+        target=None,
+        target_step=None,
+        target_reachable=None,
+        model="power_law",
+        explanation="",
+    )
+    if p is not None:
+        forecast(
+            run,
+            "deadline",
+            now,
+            p_on_time=p,
+            speedup_for_p90=0.2 if p < 0.9 else 0.0,
+            steps_cut_for_p90=1000.0,
+            explanation=f"{p:.0%} likely on time",
+        )
+
+
+def flag(
+    run: Run, kind: str, *, state: str = "raised", onset: int | None = None, **data: Any
+) -> Flag:
+    return Flag.objects.create(
+        run=run,
+        kind=kind,
+        state=state,
+        explanation=f"{kind} explained",
+        onset_step=onset,
+        data=data,
+    )

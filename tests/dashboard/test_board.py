@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from forecasting.board import board_for_user
+from tests.dashboard.factories import flag, forecast_set, make_run
+from tracker.models import Run
+from tracker.settings_services import deadline_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def deadline(project):
+    return deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=timezone.now() + timedelta(hours=8),
+        timezone="Asia/Shanghai",
+        buffer=timedelta(hours=1),
+    )
+
+
+def _board_runs(project, deadline, n: int) -> list[Run]:
+    now = timezone.now()
+    runs = []
+    for i in range(n):
+        run = make_run(project, f"r{i}", points=10, deadline=deadline if i % 2 else None)
+        forecast_set(run, now, finish_in=3600 * (i + 1), p=(i % 10) / 10 if i % 2 else None)
+        flag(run, "spike", onset=5, rollback_step=0)
+        runs.append(run)
+    return runs
+
+
+def test_it_sorts_runs_by_risk_and_puts_runs_without_deadline_below(member, project, deadline):
+    now = timezone.now()
+    safe = make_run(project, "safe", points=10, deadline=deadline)
+    late = make_run(project, "late", points=10, deadline=deadline)
+    loose = make_run(project, "loose", points=10)
+    forecast_set(safe, now, finish_in=3600, p=0.97)
+    forecast_set(late, now, finish_in=12 * 3600, p=0.2)
+    forecast_set(loose, now, finish_in=3600)
+    board = board_for_user(user=member, now=now)
+    assert [o.run.public_id for o in board.lanes[0].runs] == ["late", "safe"]
+    assert [o.run.public_id for o in board.unscheduled] == ["loose"]
+    late_o = board.lanes[0].runs[0]
+    assert late_o.p_on_time == 0.2
+    assert late_o.eta_moved_s == pytest.approx(3600)
+    assert late_o.rate_change == pytest.approx(-0.1)
+
+
+def test_it_prices_gpu_hours_so_far_and_to_finish(member, project):
+    now = timezone.now()
+    run = make_run(project, "r", points=10, world_size=8)
+    Run.objects.filter(pk=run.pk).update(started_at=now - timedelta(hours=2))
+    forecast_set(run, now, finish_in=3 * 3600)
+    o = board_for_user(user=member, now=now).unscheduled[0]
+    assert o.gpu_hours_so_far == pytest.approx(16)
+    assert o.gpu_hours_to_finish == pytest.approx(24, rel=1e-3)
+    assert o.cost_so_far == pytest.approx(40)  # 16 GPU-h x 2.5
+    assert o.cost_to_finish == pytest.approx(60, rel=1e-3)
+
+
+def test_board_page_shows_the_cutoff_in_its_zone_and_local_iso(client, member, project, deadline):
+    run = make_run(project, "aimed", points=10, deadline=deadline)
+    forecast_set(run, timezone.now(), finish_in=3600, p=0.95)
+    client.force_login(member)
+    html = client.get("/").content.decode()
+    assert "Blind eval" in html and "Asia/Shanghai" in html
+    assert deadline.cutoff.astimezone(deadline.cutoff.tzinfo).isoformat()[:16] in html
+    assert "aimed" in html and "95%" in html
+    assert 'hx-trigger="every' in html  # live while runs are active
+
+
+@pytest.mark.parametrize("n", [4, 40])
+def test_board_queries_do_not_grow_with_runs(
+    client, member, project, deadline, n, django_assert_max_num_queries
+):
+    _board_runs(project, deadline, n)
+    client.force_login(member)
+    # session, user, memberships, runs (+ forecast ids), forecasts, open flags, deadlines
+    with django_assert_max_num_queries(7):
+        res = client.get("/")
+    assert res.status_code == 200
+    assert res.content.count(b'class="run-cell"') == n
+    with django_assert_max_num_queries(7):
+        assert client.get("/board/").status_code == 200
+
+
+def test_the_board_shows_an_outsider_nothing(client, outsider, project, deadline):
+    _board_runs(project, deadline, 2)
+    client.force_login(outsider)
+    html = client.get("/").content.decode()
+    assert "r0" not in html and "Blind eval" not in html
+    assert "r1" not in client.get("/board/").content.decode()
+
+
+def test_the_board_asks_anonymous_users_to_log_in(client):
+    assert client.get("/").status_code == 302
+    assert client.get("/board/").status_code == 302
+
+
+def test_resolved_flags_are_not_open(member, project):
+    run = make_run(project, "r", points=10)
+    flag(run, "spike")
+    flag(run, "spike", state="resolved")
+    flag(run, "nan")
+    o = board_for_user(user=member, now=timezone.now()).unscheduled[0]
+    assert [f.kind for f in o.flags] == ["nan"]

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from forecasting.board import throughput_view
+from tests.dashboard.factories import flag, forecast_set, make_run
+from tracker.models import Event
+from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
+
+pytestmark = pytest.mark.django_db
+
+RUN_URLS = (
+    "/runs/llm/r/",
+    "/runs/llm/r/summary/",
+    "/runs/llm/r/series.json?key=loss",
+    "/runs/llm/r/throughput.json",
+    "/runs/llm/r/overview.json",
+    "/projects/llm/compare/?run=r",
+)
+
+
+@pytest.fixture
+def run(project):
+    run = make_run(project, "r", points=2000, chunk=500)
+    forecast_set(run, timezone.now(), finish_in=7200)
+    flag(run, "spike", onset=1500, rollback_step=1000, cost=12.5)
+    return run
+
+
+@pytest.mark.parametrize("url", RUN_URLS)
+def test_every_run_url_is_404_for_an_outsider(client, outsider, other_project, run, url):
+    client.force_login(outsider)
+    assert client.get(url).status_code == 404
+
+
+@pytest.mark.parametrize("url", RUN_URLS)
+def test_every_run_url_asks_anonymous_to_log_in(client, run, url):
+    assert client.get(url).status_code == 302
+
+
+@pytest.mark.parametrize("url", RUN_URLS)
+def test_every_run_url_serves_a_viewer(client, viewer, run, url):
+    client.force_login(viewer)
+    assert client.get(url).status_code == 200
+
+
+def test_run_page_answers_finish_loss_and_cost(client, member, run):
+    client.force_login(member)
+    html = client.get("/runs/llm/r/").content.decode()
+    assert "Finish" in html and "1 open flag" in html
+    assert "Roll back to the checkpoint at step 1000" in html
+    assert "spike explained" in html  # open flag and history
+    assert 'data-loss-key="loss"' in html
+    assert "GPU·h on 8 GPUs" in html
+
+
+def test_run_page_queries_are_bounded(client, member, run, django_assert_max_num_queries):
+    client.force_login(member)
+    with django_assert_max_num_queries(10):
+        assert client.get("/runs/llm/r/").status_code == 200
+    with django_assert_max_num_queries(10):
+        assert client.get("/runs/llm/r/summary/").status_code == 200
+    with django_assert_max_num_queries(14):
+        assert client.get("/runs/llm/r/overview.json").status_code == 200
+    with django_assert_max_num_queries(7):
+        assert client.get("/runs/llm/r/throughput.json").status_code == 200
+
+
+@pytest.mark.parametrize("points", [2_000, 40_000])
+def test_chart_json_queries_do_not_grow_with_points(
+    client, member, project, points, django_assert_max_num_queries
+):
+    make_run(project, "big", points=points, chunk=1000)
+    client.force_login(member)
+    with django_assert_max_num_queries(7):
+        assert client.get("/runs/llm/big/series.json?key=loss&buckets=500").status_code == 200
+    with django_assert_max_num_queries(7):
+        data = client.get("/runs/llm/big/throughput.json?buckets=200").json()
+    assert data["source"] == ("raw" if points <= 200_000 else "chunks")
+
+
+def test_overview_carries_eta_history_forecast_fan_and_markers(client, member, project, run):
+    batch_ingest(
+        run=run,
+        session="s",
+        seq=99,
+        series=[],
+        events=[EventIn(Event.Kind.CHECKPOINT, 1000, from_epoch(1.7e9 + 500), {"path": "c/1000"})],
+        heartbeat=None,
+    )
+    client.force_login(member)
+    d = client.get("/runs/llm/r/overview.json").json()
+    assert len(d["eta_history"]) == 2
+    assert d["eta_history"][0][2] < d["eta_history"][1][2]
+    fan = d["loss_forecast"]
+    assert fan["x"][0] == pytest.approx(1999) and fan["x"][-1] == pytest.approx(100_000)
+    assert fan["p50"][-1] == pytest.approx(3.0)
+    kinds = {(m["kind"], m["step"]) for m in d["markers"]}
+    assert {("checkpoint", 1000.0), ("onset", 1500.0), ("rollback", 1000.0)} <= kinds
+
+
+def test_throughput_is_steps_per_second_from_the_progress_series(member, project):
+    run = make_run(project, "fast", points=5000, chunk=250, rate=4.0)
+    view = throughput_view(run=run, buckets=50)
+    assert view.key == "loss" and view.source == "raw"
+    assert view.rate == pytest.approx(4.0)
+    assert len(view.x) == 50
+
+
+def test_throughput_from_chunk_endpoints_matches_raw(member, project, monkeypatch):
+    run = make_run(project, "fast", points=20_000, chunk=1000, rate=4.0)
+    monkeypatch.setattr("forecasting.board.THROUGHPUT_RAW_MAX", 100)
+    view = throughput_view(run=run, buckets=50)
+    assert view.source == "chunks"
+    assert view.rate == pytest.approx(4.0)
+
+
+def test_throughput_ignores_a_resume_rollback(member, project):
+    run = make_run(project, "r2", points=1000, chunk=500, rate=2.0)
+    run_start(
+        project=project, public_id="r2", session="s2", started_at=from_epoch(1.7e9 + 600), fields={}
+    )
+    import numpy as np
+
+    steps = np.arange(800, 1600, dtype=np.int64)
+    times = 1.7e9 + 900 + (steps - 800) / 2.0
+    batch_ingest(
+        run=run,
+        session="s2",
+        seq=1,
+        series=[SeriesIn("loss", steps, np.full(steps.size, 3.0), times)],
+        events=[],
+        heartbeat=None,
+    )
+    view = throughput_view(run=run, buckets=20)
+    assert view.rate == pytest.approx(2.0)
+    assert view.x.max() <= 1600
+
+
+def test_compare_overlays_only_this_projects_runs(client, member, project, other_project, run):
+    make_run(other_project, "theirs", points=10)
+    client.force_login(member)
+    html = client.get("/projects/llm/compare/?run=r&run=theirs").content.decode()
+    assert '"id": "r"' in html and "theirs" not in html
