@@ -19,3 +19,20 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 SITE_URL = "http://testserver"
+
+if CELERY_BROKER_URL.startswith("filesystem://"):  # noqa: F405
+    # A broker folder of this test process's own: a running `scripts/dev` worker shares var/broker
+    # and would otherwise take the tasks a test sends to its own worker.
+    import os
+    import tempfile
+    from pathlib import Path
+
+    _broker = Path(tempfile.gettempdir()) / f"runcast-test-broker-{os.getpid()}"
+    (_broker / "processed").mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker),
+        "data_folder_out": str(_broker),
+        "processed_folder": str(_broker / "processed"),
+        "control_folder": str(_broker / "control"),
+        "store_processed": False,
+    }
