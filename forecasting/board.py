@@ -256,6 +256,7 @@ def _arrange(
             unscheduled.append(o)
             continue
         if o.run.deadline_id not in lanes:  # a past cutoff that a run still aims at
+            assert o.run.deadline is not None  # deadline_id is set
             lanes[o.run.deadline_id] = DeadlineLane(deadline=o.run.deadline, runs=[])
         lanes[o.run.deadline_id].runs.append(o)
     for lane in lanes.values():
@@ -320,6 +321,7 @@ def run_markers(*, run: Run, limit: int = 500) -> list[Marker]:
         for kind, step, payload in Event.objects.filter(run=run, kind__in=kinds, step__isnull=False)
         .order_by("-step")
         .values_list("kind", "step", "payload")[:limit]
+        if step is not None
     ]
     for number, first, prev in RunSegment.objects.filter(run=run, number__gt=1).values_list(
         "number", "first_step", "previous_last_step"
@@ -391,15 +393,17 @@ def throughput_view(
     empty = np.empty(0)
     if key is None:
         return ThroughputView(None, empty, empty, empty, empty, "raw")
-    chunks = MetricChunk.objects.filter(run=run, key=key)
-    if x0 is not None:
-        chunks = chunks.filter(max_step__gte=x0)
-    if x1 is not None:
-        chunks = chunks.filter(min_step__lte=x1)
-    meta = list(chunks.values_list("id", "segment", "n", "min_step"))
+    every = list(
+        MetricChunk.objects.filter(run=run, key=key).values_list(
+            "id", "segment", "n", "min_step", "max_step"
+        )
+    )
+    # Segment starts come from every chunk: a resume outside the zoomed range still decides
+    # which earlier points it superseded inside it.
     firsts: dict[int, int] = {}
-    for _, seg, _, lo in meta:
-        firsts[seg] = min(firsts.get(seg, lo), lo)
+    for _, seg, _, low, _ in every:
+        firsts[seg] = min(firsts.get(seg, low), low)
+    meta = [m for m in every if (x0 is None or m[4] >= x0) and (x1 is None or m[3] <= x1)]
     if sum(m[2] for m in meta) <= THROUGHPUT_RAW_MAX:
         steps, times, segs = _throughput_raw([m[0] for m in meta], firsts)
         source = "raw"

@@ -28,7 +28,9 @@ def flag_history(*, run: Run, limit: int = 200) -> QuerySet[Flag]:
     return Flag.objects.filter(run=run).order_by("-created_at", "-id")[:limit]
 
 
-def eta_history(*, run: Run, limit: int = 5000) -> list[tuple[float, float, float, float]]:
+def eta_history(
+    *, run: Run, limit: int = 5000
+) -> list[tuple[float, float | None, float | None, float | None]]:
     """(computed at, P10, P50, P90 finish) of every ETA forecast, oldest first, epoch seconds."""
     rows = (
         Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)

@@ -230,6 +230,7 @@ def _divergence_conditions(
         for s in Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
         .order_by("step")
         .values_list("step", flat=True)
+        if s is not None
     ]
     grad_norms = {}
     for k in keys:

@@ -109,8 +109,8 @@ def series_view(
     if not meta:
         return SeriesView(key, 0, empty, empty, empty, empty, empty, "raw", None, None)
     firsts: dict[int, int] = {}
-    for _, seg, _, lo, _, _ in meta:
-        firsts[seg] = min(firsts.get(seg, lo), lo)
+    for _, seg, _, low, _, _ in meta:
+        firsts[seg] = min(firsts.get(seg, low), low)
     x_min = float(min(m[3] for m in meta))
     x_max = float(max(m[4] for m in meta))
     lo_x = x_min if x0 is None else x0

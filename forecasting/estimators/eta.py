@@ -344,8 +344,7 @@ def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, li
     steps_units = _backtest(grid, cg, lo, ramp=False)
     ramp_units = _backtest(grid, cg, lo, ramp=True)
     if len(ramp_units) >= 2 and (
-        not steps_units
-        or np.mean(np.square(ramp_units)) < np.mean(np.square(steps_units))
+        not steps_units or np.mean(np.square(ramp_units)) < np.mean(np.square(steps_units))
     ):
         ramp_pace = _fit(grid, cg, lo, hi, ramp=True)
         if ramp_pace is not None:

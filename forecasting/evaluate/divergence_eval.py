@@ -19,6 +19,7 @@ Aggregation: counts pooled within a family, the family's rate, then the mean acr
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -118,7 +119,7 @@ def _episodes(alarms: np.ndarray) -> list[tuple[int, int]]:
 
 def _score_spikes(
     s: np.ndarray, alarms: np.ndarray, injections: list, natural: np.ndarray
-) -> dict[str, float]:
+) -> dict[str, object]:
     n = len(s)
     injected = np.zeros(n, dtype=bool)
     echo = np.zeros(n, dtype=bool)
@@ -409,16 +410,16 @@ def _table(r: dict[str, object]) -> str:
     )
     lines = [f"{'divergence (family mean)':30s} | " + " | ".join(f"{m:>11s}" for m in METHODS)]
     for key in keys:
-        vals = r.get(key) or {}
-        cells = " | ".join(f"{_fmt(vals.get(m)):>11s}" for m in METHODS)  # type: ignore[union-attr]
+        vals = cast(dict[str, object], r.get(key) or {})
+        cells = " | ".join(f"{_fmt(vals.get(m)):>11s}" for m in METHODS)
         lines.append(f"{key:30s} | {cells}")
     lines.append(
         f"events: {r['spike_events_injected']} spikes in {r['spike_runs']} runs "
         f"({r['spike_families']} families), {r['nan_runs']} NaN runs, "
         f"{r['documented_events']} documented spike events"
     )
-    opens = r.get("clean_open_flag_rate") or {}
+    opens = cast(dict[str, dict[str, object]], r.get("clean_open_flag_rate") or {})
     lines.append("open flags on clean prefixes (share of runs) by cut-off 10/25/50/75/90%:")
-    for kind, by_cut in opens.items():  # type: ignore[union-attr]
+    for kind, by_cut in opens.items():
         lines.append(f"  {kind:12s} " + " ".join(f"{_fmt(x, 2):>5s}" for x in by_cut.values()))
     return "\n".join(lines)

@@ -65,8 +65,8 @@ def _restart(
     t_ckpt = float(np.interp(ckpt, s[:i], t[:i]))
     redo = np.flatnonzero(s[:i] > ckpt)
     restart_t = float(t[i - 1]) + down
-    new_s = [s[:i], [ckpt], s[redo]]
-    new_t = [t[:i], [restart_t], restart_t + (t[redo] - t_ckpt)]
+    new_s: list[np.ndarray] = [s[:i], np.array([ckpt]), s[redo]]
+    new_t: list[np.ndarray] = [t[:i], np.array([restart_t]), restart_t + (t[redo] - t_ckpt)]
     shift = down + float(t[i - 1]) - t_ckpt
     new_s.append(s[i:])
     new_t.append(t[i:] + shift)
