@@ -136,6 +136,7 @@ def replay(plan: Plan, path: Path) -> None:
         total_steps=total,
         deadline=plan.deadline,
         tags=plan.tags,
+        world_size=plan.world_size,
         config={"source": path.name},
     )
     for row in rows[:split]:
@@ -173,7 +174,13 @@ def drill(path: Path) -> None:
     split = next(i for i, r in enumerate(rows) if r.step >= DRILL.now_fraction * rows[-1].step)
     nan_at = DRILL_NAN_AT * rows[-1].step
     config = {"source": path.name, "drill": f"NaN injected from step {nan_at:.0f}"}
-    args = {"name": DRILL.name, "id": DRILL.run_id, "total_steps": total, "tags": DRILL.tags}
+    args = {
+        "name": DRILL.name,
+        "id": DRILL.run_id,
+        "total_steps": total,
+        "tags": DRILL.tags,
+        "world_size": DRILL.world_size,
+    }
     run = runcast.init(config=config, **args)
     base = time.time() - rows[split - 1].t
     for i, row in enumerate(rows):

@@ -204,6 +204,7 @@ def init(
     id: str | None = None,
     unit: str = "steps",
     *,
+    world_size: int | None = None,
     url: str | None = None,
     token: str | None = None,
     mode: str | None = None,
@@ -221,7 +222,8 @@ def init(
     overrides = {"url": url, "token": token, "mode": mode, "dir": Path(dir) if dir else None}
     resolved = resolve(settings, overrides)
     run_id = str(id or os.environ.get("RUNCAST_RUN_ID") or uuid.uuid4().hex)
-    rank, world_size = _rank(), _env_int("WORLD_SIZE")
+    # The GPU count prices wasted compute; WORLD_SIZE is right for one process per GPU.
+    rank, world_size = _rank(), world_size or _env_int("WORLD_SIZE")
     if resolved.mode == "disabled" or (rank not in (None, 0) and not all_ranks):
         return NoOpRun(run_id if (id or os.environ.get("RUNCAST_RUN_ID")) else None)
     if resolved.mode == "online" and not resolved.url:

@@ -170,9 +170,11 @@ def test_a_resumed_job_keeps_its_rollback(live_server, live_token, tmp_path):
 
 def test_an_importer_keeps_the_original_times(live_server, live_token, tmp_path):
     settings = fast_settings(live_server.url, live_token, tmp_path)
-    run = runcast.init(project="live", id="import-1", settings=settings)
+    run = runcast.init(project="live", id="import-1", world_size=64, settings=settings)
     for step in range(100):
         run.log({"loss": 1.0}, step=step, time=1.7e9 + 10.0 * step)
     run.finish()
-    times = selectors.series_load(run=Run.objects.get(public_id="import-1"), key="loss").times
+    db_run = Run.objects.get(public_id="import-1")
+    assert db_run.world_size == 64
+    times = selectors.series_load(run=db_run, key="loss").times
     assert times.tolist() == [1.7e9 + 10.0 * s for s in range(100)]
