@@ -89,7 +89,11 @@
       {
         width: etaEl.clientWidth || 600,
         height: 240,
-        scales: { x: { time: true }, y: { auto: false, range: [lo - pad, hi + pad] } },
+        // At least an hour of x so one or two early forecasts don't get minute-wide ticks.
+        scales: {
+          x: { time: true, range: (u, min, max) => (max - min < 3600 ? [max - 3600, max + 300] : [min, max]) },
+          y: { auto: false, range: [lo - pad, hi + pad] },
+        },
         axes: [{ values: (u, vals) => vals.map(R.fmtClock), space: 70 }, { size: 88, values: (u, vals) => vals.map(R.fmtEpoch) }],
         series: [
           { label: "forecast at" },
