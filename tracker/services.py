@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from django.db import IntegrityError, transaction
-from django.db.models import F, Value
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.dispatch import Signal
 from django.utils import timezone
@@ -278,7 +278,9 @@ def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points:
             low = int(min(int(a.min()) for a in nonempty))
             RunSegment.objects.filter(pk=segment.pk, first_step__isnull=True).update(first_step=low)
     # A stalled run that speaks again is running again; a finished one stays finished.
-    Run.objects.filter(pk=run.pk, status=Run.Status.STALLED).update(status=Run.Status.RUNNING)
+    updates["status"] = Case(
+        When(status=Run.Status.STALLED, then=Value(Run.Status.RUNNING)), default=F("status")
+    )
     Run.objects.filter(pk=run.pk).update(**updates)
 
 

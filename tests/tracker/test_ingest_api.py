@@ -235,3 +235,25 @@ def test_chunks_hold_the_points_as_sent():
     steps = np.arange(5)
     s = concat([(1, pack_steps(steps), pack_floats(steps * 0.5), pack_floats(steps + 1e9))])
     assert s.values.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_a_stalled_run_that_sends_again_is_running_and_a_finished_one_stays_finished(
+    api, write_token
+):
+    create(api, write_token)
+    Run.objects.update(status=Run.Status.STALLED)
+    batch(api, write_token, metrics={"loss": series(0, 3)})
+    assert Run.objects.get().status == "running"
+    Run.objects.update(status=Run.Status.FINISHED)
+    batch(api, write_token, seq=2, metrics={"loss": series(3, 3)})
+    assert Run.objects.get().status == "finished"
+
+
+def test_a_batch_costs_a_bounded_number_of_queries(api, write_token, django_assert_max_num_queries):
+    create(api, write_token)
+    batch(api, write_token, metrics={"loss": series(0, 3)})
+    metrics = {f"k{i}": series(3, 100) for i in range(20)}
+    # token, run, savepoint + batch, segment, chunks (one INSERT), run summary, release.
+    with django_assert_max_num_queries(8):
+        res = batch(api, write_token, seq=2, metrics=metrics)
+    assert res.status_code == 200
