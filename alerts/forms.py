@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -11,6 +12,8 @@ from alerts.models import Channel, Rule, Severity
 from tracker.models import Project
 
 _url = URLValidator(schemes=["http", "https"])
+# The dispatcher subtracts the cooldown from a flag's time: a longer one overflows the date.
+MAX_COOLDOWN = timedelta(days=365)
 
 
 class ChannelForm(forms.Form):
@@ -65,6 +68,12 @@ class RuleForm(forms.Form):
             del self.fields["threshold"]
         else:
             self.fields["threshold"].help_text = kind.threshold_help
+
+    def clean_cooldown(self) -> timedelta:
+        value: timedelta = self.cleaned_data["cooldown"]
+        if not timedelta(0) <= value <= MAX_COOLDOWN:
+            raise ValidationError(f"must be from 0 to {MAX_COOLDOWN.days} days")
+        return value
 
     def clean_threshold(self) -> float | None:
         value = self.cleaned_data.get("threshold")

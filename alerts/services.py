@@ -193,7 +193,15 @@ def flags_dispatch(*, now: datetime | None = None, limit: int = 500) -> int:
         .order_by("created_at", "id")
         .values_list("pk", flat=True)[:limit]
     )
-    return sum(len(flag_dispatch(flag_id=flag_id, now=now)) for flag_id in ids)
+    created = 0
+    for flag_id in ids:
+        try:
+            created += len(flag_dispatch(flag_id=flag_id, now=now))
+        except Exception:
+            # Its transaction rolled back, so it stays unclaimed for the next sweep; one bad row
+            # (oldest first, so always first) must not stop every other project's alerts.
+            logger.exception("dispatching flag %s failed; retried on the next sweep", flag_id)
+    return created
 
 
 @transaction.atomic
@@ -304,7 +312,9 @@ def _notifications_create(*, event: Event) -> list[Notification]:
                 "status": status,
                 "reason": reason,
                 "created_at": event.at,
-                "next_attempt_at": event.at,
+                # Due now, not at event.at: a run ending's time is the trainer's clock, and one
+                # running ahead would hold the message back until that clock's "now".
+                "next_attempt_at": min(event.at, timezone.now()),
             },
         )
         if was_created:

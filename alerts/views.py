@@ -94,6 +94,8 @@ def channel_edit(request: HttpRequest, project: str, channel_id: int) -> HttpRes
         "enabled": channel.enabled,
     }
     form = ChannelForm(request.POST if request.method == "POST" else None, initial=initial)
+    # Before validation: the target is checked against the channel's kind, not a posted one.
+    form.fields["kind"].disabled = True
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         services.channel_update(
@@ -101,7 +103,6 @@ def channel_edit(request: HttpRequest, project: str, channel_id: int) -> HttpRes
         )
         messages.success(request, f"Channel {channel.name} saved.")
         return redirect("alerts:channels", project=project)
-    form.fields["kind"].disabled = True
     context = {"project": membership.project, "channel": channel, "form": form}
     return render(request, "alerts/channel_edit.html", context)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -165,11 +165,16 @@ def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Cond
 
 
 def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
-    history = list(
-        Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
+    etas = Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
+    # The slip window never exceeds SLIP_WINDOW_MAX_S and its length needs only the first
+    # forecast: a month-long run keeps ~170k forecasts, and this runs every 15 s.
+    first = etas.order_by("computed_at").values_list("computed_at", "finish_p50").first()
+    recent = list(
+        etas.filter(computed_at__gte=now - timedelta(seconds=th.SLIP_WINDOW_MAX_S))
         .order_by("computed_at")
         .values_list("computed_at", "finish_p50")
     )
+    history = ([first] if first is not None and first not in recent[:1] else []) + recent
     if len(history) < 2:
         return []
     times = np.array([h[0].timestamp() for h in history])

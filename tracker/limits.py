@@ -17,3 +17,9 @@ MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_TAGS = 64
 MAX_HOSTS = 4_096
+# Every client-supplied time (epoch seconds): 1970 to 2106. Outside it a datetime cannot hold it
+# (a time in milliseconds would be year 55,000) and forecasts would extrapolate from nonsense.
+MIN_EPOCH_S = 0.0
+MAX_EPOCH_S = float(2**32)
+# Steps and event steps are stored as int64.
+MAX_ABS_STEP = 2**62

@@ -22,6 +22,9 @@ from tracker.series import (
 
 
 def run_get(*, project: Project, public_id: str) -> Run | None:
+    if "\x00" in public_id:
+        # No run id holds NUL (a URL's %00), and PostgreSQL refuses it in a query: not found.
+        return None
     return (
         Run.objects.select_related("project", "deadline")
         .filter(project=project, public_id=public_id)

@@ -190,7 +190,10 @@ def _segment_for_session(*, run: Run, session: str) -> RunSegment:
     # A batch from a process whose create call never arrived (e.g. replayed from a spool):
     # accept its data as a new segment rather than lose it.
     run = Run.objects.select_for_update().get(pk=run.pk)
-    return _segment_open(run=run, session=session)
+    # Look again under the lock: a concurrent batch of the same new session may have opened it
+    # while this one waited, and a second segment for one session breaks its unique key.
+    segment = run.segments.filter(session=session).first()
+    return segment if segment is not None else _segment_open(run=run, session=session)
 
 
 def batch_ingest(
@@ -271,15 +274,28 @@ def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points:
         "points_count": F("points_count") + points,
     }
     nonempty = [s.steps for s in series if s.steps.size]
-    if nonempty and segment.number == run.current_segment:
+    if nonempty:
         top = int(max(int(a.max()) for a in nonempty))
-        updates["last_step"] = Greatest(Coalesce(F("last_step"), Value(top)), Value(top))
+        # Only the newest segment moves last_step. Compared in the UPDATE, not on `run` (read
+        # before this batch, perhaps before a resume opened a newer segment or before this
+        # batch's own session opened one): a late batch of an old attempt must not push it.
+        updates["last_step"] = Case(
+            When(
+                current_segment=segment.number,
+                then=Greatest(Coalesce(F("last_step"), Value(top)), Value(top)),
+            ),
+            default=F("last_step"),
+        )
         if segment.first_step is None:
             low = int(min(int(a.min()) for a in nonempty))
             RunSegment.objects.filter(pk=segment.pk, first_step__isnull=True).update(first_step=low)
-    # A stalled run that speaks again is running again; a finished one stays finished.
+    # A stalled run that speaks again is running again, and so is one the sweeper took for
+    # crashed (no ended_at: it only stopped hearing it, e.g. a network outage the client spooled
+    # through). One that ended (finished, failed, or a crash the client reported) stays ended.
     updates["status"] = Case(
-        When(status=Run.Status.STALLED, then=Value(Run.Status.RUNNING)), default=F("status")
+        When(status=Run.Status.STALLED, then=Value(Run.Status.RUNNING)),
+        When(status=Run.Status.CRASHED, ended_at__isnull=True, then=Value(Run.Status.RUNNING)),
+        default=F("status"),
     )
     Run.objects.filter(pk=run.pk).update(**updates)
 

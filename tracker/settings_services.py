@@ -7,7 +7,8 @@ data consistent, e.g. a project never loses its last owner.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import math
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,6 +19,12 @@ from django.utils.text import slugify
 
 from tracker.models import Deadline, Membership, Project, validate_timezone
 from tracker.services import Conflict, NotFound, ServiceError
+
+# Pages compute cutoff - buffer and draw axes out to twice the time to the cutoff; outside these
+# bounds that arithmetic leaves datetime's range and every page showing the deadline fails.
+MAX_BUFFER = timedelta(days=366)
+_EARLIEST_TRAIN_BY = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST_CUTOFF = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def project_update(
@@ -69,11 +76,8 @@ def deadline_create(
     notes: str = "",
     slug: str | None = None,
 ) -> Deadline:
-    if cutoff.tzinfo is None:
-        raise ServiceError("the cutoff needs a timezone", field="cutoff")
+    _check_cutoff(cutoff, buffer)
     validate_timezone(timezone)
-    if buffer < timedelta(0):
-        raise ServiceError("the buffer cannot be negative", field="buffer")
     if slug and Deadline.objects.filter(project=project, slug=slug).exists():
         raise Conflict(f"a deadline {slug!r} already exists", field="slug")
     return Deadline.objects.create(
@@ -97,15 +101,23 @@ def deadline_update(
     notes: str = "",
 ) -> Deadline:
     # The slug stays: trainers refer to it in `runcast.init(deadline=...)`.
-    if cutoff.tzinfo is None:
-        raise ServiceError("the cutoff needs a timezone", field="cutoff")
+    _check_cutoff(cutoff, buffer)
     validate_timezone(timezone)
-    if buffer < timedelta(0):
-        raise ServiceError("the buffer cannot be negative", field="buffer")
     deadline.name, deadline.cutoff, deadline.timezone = name, cutoff, timezone
     deadline.buffer, deadline.notes = buffer, notes
     deadline.save(update_fields=["name", "cutoff", "timezone", "buffer", "notes"])
     return deadline
+
+
+def _check_cutoff(cutoff: datetime, buffer: timedelta) -> None:
+    if cutoff.tzinfo is None:
+        raise ServiceError("the cutoff needs a timezone", field="cutoff")
+    if buffer < timedelta(0):
+        raise ServiceError("the buffer cannot be negative", field="buffer")
+    if buffer > MAX_BUFFER:
+        raise ServiceError(f"the buffer cannot exceed {MAX_BUFFER.days} days", field="buffer")
+    if cutoff < _EARLIEST_TRAIN_BY + buffer or cutoff > _LATEST_CUTOFF:
+        raise ServiceError("the cutoff is not a plausible date", field="cutoff")
 
 
 def membership_add(*, project: Project, username_or_email: str, role: str) -> Membership:
@@ -162,7 +174,11 @@ def parse_targets(raw: dict[str, Any]) -> dict[str, float]:
         if value in (None, ""):
             continue
         try:
-            out[key] = float(value)
+            number = float(value)
         except (TypeError, ValueError) as exc:
             raise ServiceError(f"{value!r} is not a number", field=key) from exc
+        if not math.isfinite(number):
+            # Targets are stored as JSON, which PostgreSQL's jsonb keeps to finite numbers.
+            raise ServiceError(f"{value!r} is not a finite number", field=key)
+        out[key] = number
     return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 TOKEN_PREFIX = "rc"  # noqa: S105 - a public marker, not a secret
 PREFIX_BYTES = 6  # 12 hex chars: unique lookup key, not secret
 SECRET_BYTES = 32
+_HEX = "0123456789abcdef"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ def hash_secret(secret: str) -> str:
 def parse(token: str) -> TokenParts | None:
     parts = token.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1] or not parts[2]:
+        return None
+    # The prefix is looked up in the database: only what generate() makes gets that far (a NUL
+    # would make PostgreSQL refuse the query, a 500 instead of a 401).
+    if len(parts[1]) != 2 * PREFIX_BYTES or parts[1].strip(_HEX):
         return None
     return TokenParts(prefix=parts[1], secret=parts[2])
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from tracker.limits import MAX_REQUEST_BYTES
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(environ.Env().str("RUNCAST_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -52,6 +54,11 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Django refuses a body over this with a bare 400 before any view runs (HttpRequest.body checks
+# it, not only form parsing); its 2.5 MiB default would cut the API's documented 8 MiB to 2.5.
+# RequestSizeLimitMiddleware answers 413 above MAX_REQUEST_BYTES first. Pages post small forms.
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"

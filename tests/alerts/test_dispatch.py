@@ -371,3 +371,36 @@ def test_it_adds_env_channels_to_an_existing_project_once(project: Project, sett
     assert list(project.alert_channels.values_list("kind", "target")) == [
         ("email", "lead@example.com")
     ]
+
+
+def test_it_keeps_one_failing_flag_from_holding_up_the_others(
+    run: Run, channels: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    other = Project.objects.create(slug="other-team", name="Other team")
+    other_run = Run.objects.create(project=other, public_id="r", name="r")
+    services.channel_create(
+        project=other, kind=Channel.Kind.EMAIL, name="them", target="them@example.com"
+    )
+    services.rules_ensure_defaults(project=run.project)
+    # A cooldown no date can subtract (stored before the form bounded it).
+    Rule.objects.filter(project=run.project, kind="nan").update(cooldown=timedelta(days=999_999))
+    stuck = flag_raise(run, "nan", created_at=timezone.now() - timedelta(minutes=1))
+    fine = flag_raise(other_run, "nan")
+
+    with django_capture_on_commit_callbacks(execute=False):
+        services.flags_dispatch()
+
+    assert Notification.objects.filter(flag=fine).count() == 1
+    stuck.refresh_from_db()
+    assert stuck.processed_at is None  # left for the next sweep, after someone fixes the rule
+
+
+def test_it_sends_a_run_ending_at_once_when_the_trainers_clock_runs_ahead(
+    run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
+) -> None:
+    ahead = timezone.now() + timedelta(minutes=40)  # the finish time is the client's clock
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=ahead)
+
+    assert len(mailbox.messages) == 1
+    assert set(Notification.objects.values_list("status", flat=True)) == {S.SENT}

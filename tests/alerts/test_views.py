@@ -243,3 +243,37 @@ def test_it_mutes_a_rule_from_the_page(
     flag_raise(run, "nan")
     services.flags_dispatch()
     assert Notification.objects.count() == 0
+
+
+@pytest.mark.parametrize("cooldown", ["1000000 00:00:00", "-01:00:00"])
+def test_it_refuses_a_cooldown_out_of_range(
+    client: Client, member: User, run: Run, cooldown: str
+) -> None:
+    services.rules_ensure_defaults(project=run.project)
+    rule = Rule.objects.get(project=run.project, kind="nan")
+    client.force_login(member)
+    response = client.post(
+        f"/projects/llm/alerts/rules/{rule.pk}/", {"severity": "critical", "cooldown": cooldown}
+    )
+    assert response.status_code == 200
+    assert "cooldown" in response.context["form"].errors
+    rule.refresh_from_db()
+    assert rule.cooldown.total_seconds() == 3600
+
+
+def test_it_validates_an_edited_target_against_the_channels_own_kind(
+    client: Client, owner: User, channel: Channel
+) -> None:
+    client.force_login(owner)
+    response = client.post(
+        f"/projects/llm/alerts/channels/{channel.pk}/",
+        {"kind": "email", "name": "slack", "target": "lead@example.com", "enabled": "on"},
+    )
+    assert response.status_code == 200
+    channel.refresh_from_db()
+    assert channel.kind == "slack" and channel.target.startswith("http")
+
+
+def test_it_answers_404_to_a_run_id_with_a_nul(client: Client, member: User, run: Run) -> None:
+    client.force_login(member)
+    assert client.get("/runs/llm/a%00b/alerts/").status_code == 404

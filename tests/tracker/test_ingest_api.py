@@ -257,3 +257,235 @@ def test_a_batch_costs_a_bounded_number_of_queries(api, write_token, django_asse
     with django_assert_max_num_queries(8):
         res = batch(api, write_token, seq=2, metrics=metrics)
     assert res.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"metrics": {"loss": {"steps": [2**70], "values": [1.0]}}}, "metrics.loss.steps[0]"),
+        ({"metrics": {"loss": {"steps": [1], "values": [1.0], "times": [1e20]}}}, None),
+        ({"metrics": {"loss": {"steps": [1], "values": [1.0], "times": [-1e12]}}}, None),
+        ({"events": [{"kind": "custom", "time": 1.7e12}]}, "events[0].time"),
+        ({"events": [{"kind": "custom", "time": -1e15}]}, "events[0].time"),
+        ({"heartbeat": 1e20}, "heartbeat"),
+        ({"events": [{"kind": "custom", "payload": {"x": "a\u0000b"}}]}, "events[0].payload"),
+        ({"events": [{"kind": "custom", "payload": {"a\u0000": 1}}]}, "events[0].payload"),
+    ],
+)
+def test_it_answers_400_to_hostile_batches_naming_the_field(api, write_token, body, field):
+    create(api, write_token)
+    res = batch(api, write_token, **body)
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == (field or "metrics.loss.times[0]")
+    assert MetricChunk.objects.count() == Event.objects.count() == 0
+
+
+def test_it_answers_400_to_nan_in_an_event_payload(api, write_token):
+    create(api, write_token)
+    raw = '{"session": "s1", "seq": 1, "events": [{"kind": "custom", "payload": {"x": [1, NaN]}}]}'
+    res = api("POST", "/runs/run-1/batches", write_token, raw=raw.encode())
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == "events[0].payload"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"started_at": 1e20}, "started_at"),
+        ({"started_at": -1e15}, "started_at"),
+        ({"config": {"x": "\u0000"}}, "config"),
+        ({"name": "a\u0000b"}, "name"),
+        ({"tags": ["ok", "a\u0000"]}, "tags[1]"),
+        ({"deadline": "a\u0000"}, "deadline"),
+    ],
+)
+def test_it_answers_400_to_hostile_creates_naming_the_field(api, write_token, extra, field):
+    res = create(api, write_token, **extra)
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == field
+    assert Run.objects.count() == 0
+
+
+def test_it_answers_400_to_nan_in_the_config(api, write_token):
+    res = api(
+        "POST", "/runs", write_token, raw=b'{"id": "r", "session": "s", "config": {"lr": NaN}}'
+    )
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == "config"
+
+
+@pytest.mark.parametrize("when", [1e20, 1.7e12, -1.0])
+def test_it_answers_400_to_a_finish_time_out_of_range(api, write_token, when):
+    create(api, write_token)
+    res = api("POST", "/runs/run-1/finish", write_token, {"status": "finished", "time": when})
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == "time"
+    assert Run.objects.get().status == "running"
+
+
+def test_it_accepts_a_batch_up_to_the_documented_request_limit(api, write_token):
+    create(api, write_token)
+    n = limits.MAX_POINTS_PER_BATCH
+    metrics = {
+        "loss": {
+            "steps": list(range(n)),
+            "values": [0.12345678901234567 + i for i in range(n)],
+            "times": [1764680100.1234567 + i for i in range(n)],
+        }
+    }
+    events = [{"kind": "custom", "payload": {"note": "x" * 15_000}}] * 60
+    raw = json.dumps({"session": "s1", "seq": 1, "metrics": metrics, "events": events}).encode()
+    assert 3 * 1024 * 1024 < len(raw) < limits.MAX_REQUEST_BYTES
+    res = api("POST", "/runs/run-1/batches", write_token, raw=raw)
+    assert res.status_code == 200, res.content[:300]
+    assert res.json()["accepted"] == n
+
+
+def test_it_follows_the_steps_of_a_session_it_never_saw_created(api, write_token):
+    create(api, write_token, session="first")
+    batch(api, write_token, session="first", metrics={"loss": series(0, 500)})
+    res = batch(api, write_token, session="replayed", metrics={"loss": series(300, 50)})
+    assert res.status_code == 200
+    run = Run.objects.get()
+    assert (run.current_segment, run.last_step) == (2, 349)
+    segment = run.segments.get(number=2)
+    assert (segment.first_step, segment.previous_last_step, segment.lost_steps) == (300, 499, 199)
+
+
+def test_it_keeps_last_step_on_the_newest_segment_when_an_old_session_sends_late(api, write_token):
+    create(api, write_token, session="first")
+    batch(api, write_token, session="first", metrics={"loss": series(0, 500)})
+    create(api, write_token, session="second")
+    batch(api, write_token, session="second", metrics={"loss": series(400, 10)})
+    # The dead process's spool replays a batch it never got an answer for.
+    batch(api, write_token, session="first", seq=2, metrics={"loss": series(500, 100)})
+    assert Run.objects.get().last_step == 409
+
+
+def test_it_keeps_last_step_on_the_newest_segment_when_a_resume_lands_mid_batch(write_token):
+    from tracker import services
+
+    run = Run.objects.get(
+        pk=services.run_start(
+            project=ApiToken.objects.get().project,
+            public_id="r",
+            session="first",
+            started_at=services.from_epoch(1.7e9),
+            fields={},
+        ).run.pk
+    )
+    stale = Run.objects.get(pk=run.pk)  # what a batch request of "first" had loaded ...
+    services.run_start(  # ... when the resumed job's create committed
+        project=run.project,
+        public_id="r",
+        session="second",
+        started_at=services.from_epoch(1.7e9),
+        fields={},
+    )
+    steps = np.arange(500, 600)
+    services.batch_ingest(
+        run=stale,
+        session="first",
+        seq=1,
+        series=[services.SeriesIn("loss", steps, steps * 1.0, steps + 1.7e9)],
+        events=[],
+        heartbeat=None,
+    )
+    assert Run.objects.get().last_step is None  # segment 2 has logged nothing yet
+
+
+def test_a_run_the_sweeper_took_for_crashed_runs_again_when_it_speaks(api, write_token):
+    create(api, write_token)
+    Run.objects.update(status=Run.Status.CRASHED)  # heartbeat lost: no ended_at
+    batch(api, write_token, metrics={"loss": series(0, 3)})
+    assert Run.objects.get().status == "running"
+    api("POST", "/runs/run-1/finish", write_token, {"status": "crashed", "time": 1.7e9})
+    batch(api, write_token, seq=2, metrics={"loss": series(3, 3)})
+    assert Run.objects.get().status == "crashed"  # the client said so: it stays ended
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_takes_concurrent_first_batches_of_an_unannounced_session(write_token):
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from tracker import services
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): there is no race to lose")
+    project = ApiToken.objects.get().project
+    services.run_start(
+        project=project,
+        public_id="r",
+        session="first",
+        started_at=services.from_epoch(1.7e9),
+        fields={},
+    )
+
+    def ingest(seq: int) -> services.IngestResult:
+        steps = np.arange(seq * 10, seq * 10 + 10)
+        return services.batch_ingest(
+            run=Run.objects.get(),
+            session="replayed",
+            seq=seq,
+            series=[services.SeriesIn("loss", steps, steps * 1.0, steps + 1.7e9)],
+            events=[],
+            heartbeat=None,
+        )
+
+    opened, results, errors = threading.Event(), [], []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():  # holds the new segment uncommitted for a while
+                results.append(ingest(1))
+                opened.set()
+                time.sleep(0.5)
+        except Exception as e:  # reported by the assertion below
+            errors.append(e)
+            opened.set()
+        finally:
+            connection.close()
+
+    def second() -> None:
+        opened.wait()
+        try:
+            results.append(ingest(2))
+        except Exception as e:  # reported by the assertion below
+            errors.append(e)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert sorted(r.accepted for r in results) == [10, 10]
+    run = Run.objects.get()
+    assert run.segments.count() == 2 and run.points_count == 20
+
+
+def test_it_answers_401_to_a_token_with_a_nul_or_a_malformed_prefix(api, write_token):
+    prefix = write_token.split("_")[1]
+    for token in ["rc_ab\x00cd_secret", f"rc_{prefix.upper()}_x", f"rc_{prefix}0_x"]:
+        assert api("GET", "/runs", token).status_code == 401
+
+
+def test_it_answers_404_to_a_run_id_with_a_nul(api, read_token):
+    assert api("GET", "/runs/a%00b", read_token).status_code == 404
+    assert api("GET", "/runs/a%00b/forecast", read_token).status_code == 404
+
+
+def test_it_answers_400_to_an_unknown_status_filter(api, read_token):
+    from typing import get_args
+
+    from tracker.api.views import RunStatus
+
+    assert set(get_args(RunStatus)) == set(Run.Status.values)
+    res = api("GET", "/runs?status=a%00b", read_token)
+    assert res.status_code == 400 and res.json()["field"] == "status"
+    assert api("GET", "/runs?status=stalled", read_token).status_code == 200

@@ -10,8 +10,8 @@ from tracker import limits
 class RequestSizeLimitMiddleware:
     """Refuse an oversized API body with 413 before anything reads it.
 
-    Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check only fires for form parsing and answers 400;
-    a client needs 413 and the limit's name to know it must split its batches.
+    Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (set to the same size in settings) answers a
+    bare 400; a client needs 413 and the limit's name to know it must split its batches.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:

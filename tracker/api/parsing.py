@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -40,10 +42,14 @@ def series_from_batch(payload: BatchIn, *, received: float | None = None) -> lis
             raise ServiceError(f"{len(s.times)} times for {n} steps", field=f"metrics.{key}.times")
         steps = np.asarray(s.steps, dtype=np.int64)
         times = np.full(n, now) if s.times is None else np.asarray(s.times, dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(times))
+        bad = np.flatnonzero(
+            ~((times >= limits.MIN_EPOCH_S) & (times <= limits.MAX_EPOCH_S))  # NaN fails both
+        )
         if bad.size:
             raise ServiceError(
-                "time must be a finite number", field=f"metrics.{key}.times[{bad[0]}]"
+                f"time must be epoch seconds from {limits.MIN_EPOCH_S:.0f} to "
+                f"{limits.MAX_EPOCH_S:.0f}",
+                field=f"metrics.{key}.times[{bad[0]}]",
             )
         out.append(
             SeriesIn(
@@ -63,6 +69,7 @@ def events_from_batch(payload: BatchIn, *, received: float | None = None) -> lis
     now = received if received is not None else time.time()
     out = []
     for i, e in enumerate(payload.events):
+        json_check(e.payload, field=f"events[{i}].payload")
         size = len(json.dumps(e.payload, default=str))
         if size > limits.MAX_EVENT_PAYLOAD_BYTES:
             raise TooLarge(
@@ -74,3 +81,23 @@ def events_from_batch(payload: BatchIn, *, received: float | None = None) -> lis
             EventIn(kind=e.kind, step=e.step, time=from_epoch(e.time or now), payload=e.payload)
         )
     return out
+
+
+def json_check(value: Any, *, field: str) -> None:
+    """Refuse free-form JSON the database cannot store: PostgreSQL's jsonb (and SQLite's
+    JSON_VALID) reject NaN and Infinity, and jsonb rejects U+0000 in strings and keys.
+
+    Iterative, so a deeply nested document costs no recursion.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ServiceError("NaN and Infinity cannot be stored here", field=field)
+        if isinstance(item, str) and "\x00" in item:
+            raise ServiceError("NUL (U+0000) characters cannot be stored here", field=field)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from tracker import limits
 
@@ -13,19 +13,34 @@ RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 SESSION_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 
 
+def _no_nul(value: str) -> str:
+    # PostgreSQL text and jsonb cannot hold U+0000: refuse it here rather than fail the INSERT.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+# Epoch seconds a datetime can hold; a time in milliseconds is refused, not stored as year 55,000.
+EpochSeconds = Annotated[
+    float, Field(ge=limits.MIN_EPOCH_S, le=limits.MAX_EPOCH_S, allow_inf_nan=False)
+]
+Step = Annotated[int, Field(ge=-limits.MAX_ABS_STEP, le=limits.MAX_ABS_STEP)]
+
+
 class RunCreateIn(Schema):
     id: str = Field(pattern=RUN_ID_PATTERN)
     session: str = Field(pattern=SESSION_PATTERN)
     project: str | None = None
-    name: str | None = Field(default=None, max_length=200)
+    name: Text | None = Field(default=None, max_length=200)
     total_steps: int | None = Field(default=None, ge=1, le=2**62)
     progress_unit: Literal["steps", "tokens", "samples"] = "steps"
     config: dict[str, Any] = Field(default_factory=dict)
-    tags: list[str] = Field(default_factory=list, max_length=limits.MAX_TAGS)
+    tags: list[Text] = Field(default_factory=list, max_length=limits.MAX_TAGS)
     world_size: int | None = Field(default=None, ge=1, le=10_000_000)
-    hosts: list[str] = Field(default_factory=list, max_length=limits.MAX_HOSTS)
-    deadline: str | None = Field(default=None, max_length=64)
-    started_at: float | None = Field(default=None, allow_inf_nan=False)
+    hosts: list[Text] = Field(default_factory=list, max_length=limits.MAX_HOSTS)
+    deadline: Text | None = Field(default=None, max_length=64)
+    started_at: EpochSeconds | None = None
 
 
 class RunOut(Schema):
@@ -42,16 +57,17 @@ class RunOut(Schema):
 
 
 class SeriesPayload(Schema):
-    steps: list[int]
+    steps: list[Step]
     values: list[float]
-    # Epoch seconds per point; when omitted the server's receive time is used.
+    # Epoch seconds per point; when omitted the server's receive time is used. Checked for range
+    # in tracker.api.parsing with numpy: per-item validation of 50k floats would cost more.
     times: list[float] | None = None
 
 
 class EventPayload(Schema):
     kind: Literal["checkpoint", "eval", "resume", "restart", "lr_change", "arch_change", "custom"]
-    step: int | None = Field(default=None, ge=-(2**62), le=2**62)
-    time: float | None = Field(default=None, allow_inf_nan=False)
+    step: Step | None = None
+    time: EpochSeconds | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -60,7 +76,7 @@ class BatchIn(Schema):
     seq: int = Field(ge=0, le=2**62)
     metrics: dict[str, SeriesPayload] = Field(default_factory=dict)
     events: list[EventPayload] = Field(default_factory=list)
-    heartbeat: float | None = Field(default=None, allow_inf_nan=False)
+    heartbeat: EpochSeconds | None = None
 
     @field_validator("metrics")
     @classmethod
@@ -80,7 +96,7 @@ class BatchOut(Schema):
 
 class FinishIn(Schema):
     status: Literal["finished", "failed", "crashed"] = "finished"
-    time: float | None = Field(default=None, allow_inf_nan=False)
+    time: EpochSeconds | None = None
     session: str | None = None
 
 

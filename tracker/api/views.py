@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Literal
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -11,11 +12,12 @@ from ninja import Router, Status
 
 from tracker import limits, selectors, services
 from tracker.api.auth import TokenAuth, require_scope
-from tracker.api.parsing import events_from_batch, series_from_batch
+from tracker.api.parsing import events_from_batch, json_check, series_from_batch
 from tracker.api.schemas import BatchIn, BatchOut, ErrorOut, FinishIn, RunCreateIn, RunOut
 from tracker.models import ApiToken, Run
 
 router = Router(auth=TokenAuth(), tags=["runs"])
+RunStatus = Literal["running", "finished", "failed", "crashed", "stalled"]
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 413: ErrorOut}
 
 
@@ -51,6 +53,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
     token = require_scope(request, ApiToken.Scope.WRITE)
     if payload.project and payload.project != token.project.slug:
         raise services.NotFound(f"no project {payload.project!r} for this token", field="project")
+    json_check(payload.config, field="config")
     config_size = len(json.dumps(payload.config, default=str))
     if config_size > limits.MAX_CONFIG_BYTES:
         raise services.ServiceError(
@@ -104,7 +107,7 @@ def run_finish(request: HttpRequest, run_id: str, payload: FinishIn) -> RunOut:
 
 
 @router.get("/runs", response={200: list[RunOut], **ERRORS}, summary="List runs")
-def run_list(request: HttpRequest, status: str | None = None) -> list[RunOut]:
+def run_list(request: HttpRequest, status: RunStatus | None = None) -> list[RunOut]:
     token = require_scope(request, ApiToken.Scope.READ)
     return [_run_out(r) for r in selectors.run_list(project=token.project, status=status)]
 
