@@ -10,7 +10,7 @@ from django import forms
 
 from tracker.models import ApiToken, Deadline, Membership
 from tracker.services import ServiceError
-from tracker.settings_services import local_to_aware, parse_targets
+from tracker.settings_services import MAX_BUFFER, local_to_aware, parse_targets
 
 
 @cache
@@ -76,7 +76,12 @@ class DeadlineForm(forms.Form):
     )
     timezone = forms.ChoiceField(choices=timezone_choices, help_text="As announced (IANA name).")
     buffer_hours = forms.FloatField(
-        min_value=0, initial=0, label="Buffer (hours)", help_text="Work after training: eval…"
+        min_value=0,
+        # Also keeps timedelta() below from overflowing; the service checks the same bound.
+        max_value=MAX_BUFFER.total_seconds() / 3600,
+        initial=0,
+        label="Buffer (hours)",
+        help_text="Work after training: eval…",
     )
     notes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
 

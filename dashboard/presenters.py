@@ -4,6 +4,7 @@ numbers mean is decided in forecasting.board."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -103,7 +104,11 @@ class _Axis:
 
     def ticks(self) -> list[Tick]:
         width = self.end - self.start
-        step = next((s for s in TICK_STEPS if width / s <= MAX_TICKS), TICK_STEPS[-1])
+        longest = TICK_STEPS[-1]
+        # Past the longest spacing (a cutoff years out), whole multiples of it: never more
+        # than MAX_TICKS labels, however far the axis reaches.
+        fallback = longest * math.ceil(width / longest / MAX_TICKS)
+        step = next((s for s in TICK_STEPS if width / s <= MAX_TICKS), fallback)
         first = (int(self.start // step) + 1) * step
         return [
             Tick(self.pos(t), float(t), step >= 86400)

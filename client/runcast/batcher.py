@@ -19,6 +19,16 @@ _CHUNK = 1_000
 
 EVENT_KINDS = frozenset({"checkpoint", "eval", "resume", "lr_change", "arch_change", "custom"})
 
+# The server's per-entry and per-batch limits (tracker/limits.py, tracker/api/schemas.py).
+# It answers a whole batch that breaks one with a 400/413 and the client drops that batch,
+# so one bad key, step or event must be skipped here instead of costing its neighbours.
+MAX_STEP = 2**62
+MAX_EPOCH_S = float(2**32)  # times are epoch seconds, 1970 to 2106 (not milliseconds)
+MAX_KEY_LENGTH = 200
+MAX_KEYS_PER_BATCH = 1_000
+MAX_EVENTS_PER_BATCH = 1_000
+MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
+
 
 @dataclass(frozen=True)
 class Event:
@@ -82,7 +92,7 @@ class Batcher:
 
     def _add_metrics(self, step: Any, when: float, data: dict) -> None:
         step = self._step(step)
-        if step is None:
+        if step is None or not self._valid_time(when):
             return
         # Millisecond times are plenty for a tracker, and shorter floats make the JSON
         # both smaller and faster to encode.
@@ -95,6 +105,8 @@ class Batcher:
             if columns is None:
                 if not self._valid_key(key):
                     continue
+                if len(self._metrics) >= MAX_KEYS_PER_BATCH:
+                    self.seal()
                 columns = self._metrics[key] = ([], [], [])
             columns[0].append(step)
             columns[1].append(number)
@@ -109,17 +121,26 @@ class Batcher:
             self.seal()
 
     def _step(self, step: Any) -> int | None:
-        if step.__class__ is int and step >= 0:
+        if step.__class__ is int and 0 <= step <= MAX_STEP:
             return step
         try:
             as_float = float(step)
-            if as_float.is_integer() and as_float >= 0:
+            if as_float.is_integer() and 0 <= as_float <= MAX_STEP:
                 return int(as_float)
         except (TypeError, ValueError, OverflowError):
             pass
-        self._warn("step", f"invalid step {_short(step)}; expected an int >= 0, entry skipped")
+        self._warn(
+            "step", f"invalid step {_short(step)}; expected an int in [0, 2**62], entry skipped"
+        )
         self.skipped += 1
         return None
+
+    def _valid_time(self, when: float) -> bool:
+        if 0.0 <= when <= MAX_EPOCH_S:  # NaN fails both
+            return True
+        self._warn("time", f"invalid time {_short(when)}; expected epoch seconds, entry skipped")
+        self.skipped += 1
+        return False
 
     def _number(self, key: Any, value: Any) -> float | None:
         """float() of ints, bools, numpy and torch scalars; None (warn once) for the rest."""
@@ -143,10 +164,13 @@ class Batcher:
         self.skipped += 1
 
     def _valid_key(self, key: Any) -> bool:
-        if isinstance(key, str) and key:
+        if isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH and key.isprintable():
             return True
         shown = _short(key)
-        self._warn(f"key:{shown}", f"metric key {shown} is not a non-empty str; skipped")
+        self._warn(
+            f"key:{shown}",
+            f"metric key {shown} is not a str of 1-{MAX_KEY_LENGTH} printable chars; skipped",
+        )
         self.skipped += 1
         return False
 
@@ -164,11 +188,23 @@ class Batcher:
             kind = "custom"
         try:
             # default=str: Paths, dtypes and the like become strings instead of failing.
-            payload = json.loads(json.dumps(payload, default=str))
+            encoded = json.dumps(payload, default=str)
+            payload = json.loads(encoded)
         except (TypeError, ValueError) as exc:
             self._warn(f"event:{kind}", f"event {kind!r}: payload not JSON ({exc}); skipped")
             self.skipped += 1
             return
+        if len(encoded) > MAX_EVENT_PAYLOAD_BYTES:
+            # Measured the way the server measures it: json.dumps with default separators.
+            self._warn(
+                f"event-size:{kind}",
+                f"event {kind!r}: payload of {len(encoded)} bytes is over"
+                f" {MAX_EVENT_PAYLOAD_BYTES}; skipped",
+            )
+            self.skipped += 1
+            return
+        if len(self._events) >= MAX_EVENTS_PER_BATCH:
+            self.seal()
         self._events.append({"kind": kind, "step": step, "time": when, "payload": payload})
         self._count_point(when)
 

@@ -21,7 +21,9 @@ class Finishable(Protocol):
     def finish(self, status: str = "finished", timeout: float | None = None) -> None: ...
 
 
-_lock = threading.Lock()
+# Reentrant: the SIGTERM handler runs on the main thread, possibly while that thread is
+# inside register()/unregister() holding this lock.
+_lock = threading.RLock()
 _live: list[Finishable] = []
 _atexit_installed = False
 _sigterm_installed = False

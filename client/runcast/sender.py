@@ -225,6 +225,11 @@ class Sender(threading.Thread):
 
     def _send_outbox(self, now: float) -> None:
         while self._outbox:
+            if self._out_of_time():
+                # Closing, and a slow (but answering) server used up the finish budget: the
+                # rest goes to disk for `runcast sync`, or it would die with the process.
+                self._spool_outbox()
+                return
             sealed = self._outbox[0]
             response = self.client.post(
                 "batch", self.run_id, sealed.body, retries=self.settings.max_retries
@@ -363,6 +368,10 @@ class Sender(threading.Thread):
             self.run_id,
             self.spool.path,
         )
+
+    def _out_of_time(self) -> bool:
+        deadline = self.client.deadline
+        return deadline is not None and time.time() >= deadline
 
     def _remaining(self) -> float:
         deadline = self.client.deadline

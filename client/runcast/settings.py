@@ -100,6 +100,9 @@ def resolve(
     resolved = dataclasses.replace(resolved, **given)
     if resolved.url:
         resolved.url = resolved.url.rstrip("/")
+    if resolved.token:
+        # A token read from a file keeps its newline, which no HTTP header may carry.
+        resolved.token = resolved.token.strip() or None
     resolved.mode = (resolved.mode or "online").strip().lower()
     if resolved.mode not in MODES:
         logger.warning("runcast: unknown RUNCAST_MODE %r, using 'online'", resolved.mode)

@@ -51,6 +51,9 @@ def post_json(url: str, body: Body, token: str | None, timeout: float) -> Respon
     request.add_header("Accept", "application/json")
     request.add_header("User-Agent", f"runcast-client/{__version__}")
     if token:
+        if not token.isascii() or not token.isprintable():
+            # http.client would refuse it with a message quoting the whole header: the secret.
+            return 0, {"error": "the token holds characters an HTTP header cannot carry"}, {}
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with _opener.open(request, timeout=timeout) as response:

@@ -8,6 +8,8 @@
   const logBox = document.getElementById("cmp-log");
   const colors = ["#1f4e8c", "#d9822b", "#1e8e3e", "#c0392b", "#7b4bb3", "#11808a", "#8a6d1f", "#555d6e"];
   let overviews = null;
+  // Run names come from trainers and the key from the URL: text, never markup.
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 
   const chart = R.rangeChart(el, async (x0, x1, buckets) => {
     if (!overviews) overviews = await Promise.all(runs.map((r) => R.getJSON(r.overview)));
@@ -31,7 +33,7 @@
     const log = logBox.checked && R.positive(series.map((d) => d.mean));
     const rows = runs.map((r, i) => {
       const l = overviews[i].loss;
-      return "<tr><td><i class='sw' style='background:" + colors[i % colors.length] + "'></i>" + r.name.replace(/</g, "&lt;") + "</td><td>" + key(i) + "</td><td>" +
+      return "<tr><td><i class='sw' style='background:" + colors[i % colors.length] + "'></i>" + esc(r.name) + "</td><td>" + esc(key(i)) + "</td><td>" +
         (overviews[i].last_step ?? "–") + " / " + (overviews[i].total_steps ?? "–") + "</td><td>" +
         (l ? (+l.smoothed_last).toPrecision(4) + " → " + (+l.p50).toPrecision(4) + " (P10–P90 " + (+l.p10).toPrecision(4) + "–" + (+l.p90).toPrecision(4) + ")" : "–") + "</td></tr>";
     });

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import socket
@@ -396,3 +397,45 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_it_spools_what_a_slow_server_cannot_take_before_the_finish_deadline(
+    server: FakeServer, make_settings: MakeSettings, spool_dir: Path
+) -> None:
+    # Every request succeeds but takes 0.2 s: 40 batches need ~8 s, the finish allows 0.5 s.
+    settings = make_settings(server.url, batch_points=100, flush_interval=30.0, timeout=1.0)
+    run = runcast.init(settings=settings)
+    server.state.delay_s = 0.2
+    for step in range(4_000):
+        run.log({"loss": float(step)}, step=step)
+    started = time.monotonic()
+    run.finish(timeout=0.5)
+    assert time.monotonic() - started < 3.0
+    # The process may exit now (SIGTERM, end of script): nothing may still be in memory only.
+    assert not run._sender.is_alive(), "finish() returned while the sender still held batches"
+    spooled = [p for p in spool_files(spool_dir) if p.name.startswith("batch-")]
+    assert spooled and any(p.name == "finish.json" for p in spool_files(spool_dir))
+    sent = server.state.total_points()
+    on_disk = sum(len(json.loads(p.read_bytes())["metrics"]["loss"]["steps"]) for p in spooled)
+    assert sent + on_disk == 4_000
+
+
+def test_it_never_logs_a_token_read_with_its_newline(
+    make_settings: MakeSettings, server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # runcast.init(token=Path("token").read_text()): the file's newline comes along, and
+    # http.client's "Invalid header value b'Bearer rc_…\n'" would carry the secret into a log.
+    secret = TOKEN.split("_")[-1]
+    with caplog.at_level(logging.DEBUG, logger="runcast"):
+        run = runcast.init(settings=make_settings(server.url, token=TOKEN + "\n"))
+        run.log({"loss": 1.0}, step=0)
+        run.finish()
+    assert all(secret not in r.getMessage() for r in caplog.records)
+    assert server.run().points["loss"] == [(0, 1.0)]
+
+
+def test_it_keeps_the_token_out_of_transport_errors() -> None:
+    from runcast import transport
+
+    status, payload, _ = transport.post_json("http://127.0.0.1:9/x", b"{}", "rc_a_s3cr\nt", 1)
+    assert status == 0 and "s3cr" not in str(payload)

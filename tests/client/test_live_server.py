@@ -178,3 +178,39 @@ def test_an_importer_keeps_the_original_times(live_server, live_token, tmp_path)
     assert db_run.world_size == 64
     times = selectors.series_load(run=db_run, key="loss").times
     assert times.tolist() == [1.7e9 + 10.0 * s for s in range(100)]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda run: run.log({"x" * 201: 1.0}, step=5), id="long-key"),
+        pytest.param(lambda run: run.log({"loss\n": 1.0}, step=5), id="unprintable-key"),
+        pytest.param(lambda run: run.log({"loss": 1.0}, step=2**63), id="int64-overflow-step"),
+        pytest.param(lambda run: run.log({"loss": 1.0}, step=5, time=float("nan")), id="nan-time"),
+        pytest.param(lambda run: run.log({"loss": 1.0}, step=5, time=1.7e12), id="ms-time"),
+        pytest.param(lambda run: run.event("eval", step=5, blob="x" * 20_000), id="big-event"),
+        pytest.param(
+            lambda run: run.log({f"layer/{i}": 1.0 for i in range(1_500)}, step=5),
+            id="too-many-keys",
+        ),
+        pytest.param(
+            lambda run: [run.event("custom", step=5) for _ in range(1_500)], id="too-many-events"
+        ),
+    ],
+)
+def test_it_keeps_the_batch_when_one_entry_breaks_a_server_limit(
+    live_server, live_token, tmp_path, bad
+):
+    settings = fast_settings(live_server.url, live_token, tmp_path)
+    settings.flush_interval = 30.0  # everything below lands in one batch unless the client splits
+    run = runcast.init(project="live", id="limits-1", settings=settings)
+    for step in range(5):
+        run.log({"loss": 1.0}, step=step)
+    bad(run)
+    for step in range(6, 10):
+        run.log({"loss": 1.0}, step=step)
+    run.finish(timeout=5)
+    steps = stored("limits-1", "loss")
+    assert sorted(set(steps.tolist()) - {5}) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert Run.objects.get(public_id="limits-1").status == "finished"
+    assert not list(tmp_path.rglob("*.json")), "nothing left in the spool"

@@ -78,3 +78,37 @@ def test_atexit_flushes(tmp_path: Path, server: FakeServer, mode: str, status: s
     assert proc.returncode == (0 if mode == "exit" else 1), stderr
     assert _points(server, mode) == list(range(1000))
     assert server.run(mode).finishes[0]["status"] == status
+
+
+LOCKED = textwrap.dedent(
+    """
+    import os, signal
+    import runcast
+    from runcast import lifecycle
+
+    run = runcast.init(id="locked")
+    run.log({"loss": 1.0}, step=0)
+    # A signal handler runs on the main thread between two bytecodes, so SIGTERM can land
+    # while that thread is inside register()/unregister() holding the run-list lock.
+    with lifecycle._lock:
+        os.kill(os.getpid(), signal.SIGTERM)
+    """
+)
+
+
+def test_it_finishes_runs_when_sigterm_lands_while_the_run_list_is_locked(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    script = tmp_path / "locked.py"
+    script.write_text(LOCKED)
+    env = {**os.environ, **fast_env(server.url, tmp_path / "spool")}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the SIGTERM handler deadlocked on the run-list lock")
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert server.run("locked").finishes[0]["status"] == "crashed"
+    assert _points(server, "locked") == [0]

@@ -111,3 +111,19 @@ def test_resolved_flags_are_not_open(member, project):
     flag(run, "nan")
     o = board_for_user(user=member, now=timezone.now()).unscheduled[0]
     assert [f.kind for f in o.flags] == ["nan"]
+
+
+def test_it_keeps_a_far_cutoffs_axis_to_a_few_ticks(client, member, project):
+    far = deadline_create(
+        project=project,
+        name="Far away",
+        slug="far",
+        cutoff=timezone.now() + timedelta(days=3 * 365),
+        timezone="UTC",
+    )
+    run = make_run(project, "aimed", points=10, deadline=far)
+    forecast_set(run, timezone.now(), finish_in=3600, p=0.95)
+    client.force_login(member)
+    html = client.get("/").content.decode()
+    assert "Far away" in html
+    assert 0 < html.count('class="tick"') <= 7

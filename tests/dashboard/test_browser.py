@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from tests.dashboard.realistic import seed
-from tracker.models import ApiToken, Deadline
+from tracker.models import ApiToken, Deadline, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -139,3 +140,14 @@ def test_create_a_deadline_and_a_token(page: Any) -> None:
     assert token.split("_")[1] == row.prefix and token not in row.hashed
     pg.goto(f"{pg.base}/projects/llm/settings/")
     assert token not in pg.content()
+
+
+def test_it_renders_the_compare_key_and_run_names_as_text(page: Any) -> None:
+    pg = page
+    Run.objects.filter(public_id="dsv3-proxy").update(name="<img src=x onerror='window.pwned=2'>")
+    evil = urllib.parse.quote("<img src=x onerror='window.pwned=1'>")
+    pg.goto(f"{pg.base}/projects/llm/compare/?run=nanogpt-1b-scaleup&run=dsv3-proxy&key={evil}")
+    pg.wait_for_selector("#compare-table td", timeout=15_000)
+    assert pg.locator("#compare-table img").count() == 0
+    assert pg.evaluate("() => window.pwned") is None
+    assert "<img src=x onerror='window.pwned=1'>" in pg.inner_text("#compare-table")

@@ -176,3 +176,29 @@ def test_settings_page_queries_are_bounded(client, users, django_assert_max_num_
     client.force_login(users["owner"])
     with django_assert_max_num_queries(8):
         assert client.get("/projects/llm/settings/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"buffer_hours": "1e12"},
+        {"buffer_hours": "20000000"},
+        {"cutoff_local": "0001-01-01T00:30"},
+        {"cutoff_local": "0001-01-02T00:30", "buffer_hours": "100"},
+    ],
+)
+def test_it_refuses_a_cutoff_or_buffer_that_would_break_the_pages(client, users, change):
+    client.force_login(users["member"])
+    res = client.post("/projects/llm/deadlines/new/", {**DEADLINE, **change})
+    assert res.status_code == 400 and not Deadline.objects.exists()
+    for url in ("/", "/board/", "/projects/llm/settings/"):
+        assert client.get(url).status_code == 200, url
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_it_refuses_a_target_that_is_not_a_finite_number(client, users, project, value):
+    client.force_login(users["member"])
+    res = client.post("/projects/llm/settings/targets/", {"targets": f"loss = {value}"})
+    assert res.status_code == 400
+    project.refresh_from_db()
+    assert project.targets == {}
