@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time as _time
@@ -25,6 +26,8 @@ from runcast.settings import Settings, resolve
 logger = logging.getLogger("runcast")
 
 UNITS = ("steps", "tokens", "samples")
+# The server's rule for run ids (tracker/api/schemas.py RUN_ID_PATTERN).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 STATUSES = ("finished", "failed", "crashed")
 
 # Extra seconds finish() waits beyond its deadline: one in-flight request may still be
@@ -222,6 +225,13 @@ def init(
     overrides = {"url": url, "token": token, "mode": mode, "dir": Path(dir) if dir else None}
     resolved = resolve(settings, overrides)
     run_id = str(id or os.environ.get("RUNCAST_RUN_ID") or uuid.uuid4().hex)
+    if not RUN_ID_PATTERN.fullmatch(run_id):
+        # Caught here, before training starts: the server would refuse the create and every
+        # point of the run would wait in the spool for a create that can never succeed.
+        raise ValueError(
+            f"run id {run_id[:80]!r} must be 1-64 characters of letters, digits, '_', '.' or '-'"
+            " and start with a letter or digit"
+        )
     # The GPU count prices wasted compute; WORLD_SIZE is right for one process per GPU.
     rank, world_size = _rank(), world_size or _env_int("WORLD_SIZE")
     if resolved.mode == "disabled" or (rank not in (None, 0) and not all_ranks):

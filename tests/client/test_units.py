@@ -138,3 +138,9 @@ def test_disabled_mode_and_bad_unit(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(runcast.init(name="x"), runcast.NoOpRun)
     with pytest.raises(ValueError, match="unit"):
         runcast.init(unit="epochs")
+
+
+@pytest.mark.parametrize("bad", ["exp/lr=3e-4", "-leading-dash", "x" * 65, "sp ace"])
+def test_it_refuses_a_run_id_the_server_would_refuse_before_training(bad, tmp_path):
+    with pytest.raises(ValueError, match="run id"):
+        runcast.init(id=bad, mode="offline", dir=tmp_path)
