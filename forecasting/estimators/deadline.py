@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from scipy.stats import norm
 
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.eta import EtaForecast
+from forecasting.estimators.jsonable import as_json
 
 _Z90 = 1.2815515655446004
 
@@ -22,7 +23,7 @@ class DeadlineRisk:
     explanation: str
 
     def to_dict(self) -> dict[str, float | str | None]:
-        return {k: _plain(v) for k, v in asdict(self).items()}
+        return as_json(self)
 
 
 def _p_before(eta: EtaForecast, budget: float) -> float:
@@ -61,12 +62,3 @@ def deadline_risk(eta: EtaForecast, deadline: float) -> DeadlineRisk:
         f" or {cut:,.0f} fewer steps"
     )
     return DeadlineRisk(p, deadline, float(speedup), float(cut), text)
-
-
-def _plain(value: object) -> float | bool | str | None:
-    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
-    if hasattr(value, "item"):
-        value = value.item()  # type: ignore[union-attr]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value  # type: ignore[return-value]

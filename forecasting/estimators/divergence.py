@@ -10,12 +10,13 @@ so a 1M-point curve costs a few milliseconds.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, keep_latest
 
 
@@ -35,14 +36,7 @@ class DivergenceFlag:
     regression_to_step: float | None = None
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for key, value in asdict(self).items():
-            if isinstance(value, float | np.floating):
-                value = float(value) if math.isfinite(float(value)) else None
-            elif isinstance(value, np.integer):
-                value = int(value)
-            out[key] = value
-        return out
+        return as_json(self)
 
 
 # ----------------------------------------------------------------------------- scoring

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import plain
 
 _Z90 = 1.2815515655446004  # standard normal quantile of 0.9
 _TREND_MAX_BINS = 100  # Theil-Sen is quadratic: fit the trend on at most this many super-bins
@@ -60,13 +61,7 @@ class EtaForecast:
         out["finish_p10"] = self.finish_p10()
         out["finish_p50"] = self.finish_p50()
         out["finish_p90"] = self.finish_p90()
-        return {k: _json_number(v) for k, v in out.items()}
-
-
-def _json_number(value: float | int | None) -> float | int | None:
-    if value is None or isinstance(value, int):
-        return value
-    return float(value) if math.isfinite(value) else None
+        return {k: plain(v) for k, v in out.items()}
 
 
 @dataclass

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.signal import lfilter
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, clean_series, local_level
 
 
@@ -39,15 +40,7 @@ class LossForecast:
     explanation: str
 
     def to_dict(self) -> dict[str, object]:
-        return {k: _json_safe(v) for k, v in asdict(self).items()}
-
-
-def _json_safe(value: object) -> object:
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(float(value)) else None
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
+        return as_json(self)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ judged on the same relative scale.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
 import numpy as np
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import as_json
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SlipResult:
     explanation: str
 
     def to_dict(self) -> dict[str, float | bool | str | None]:
-        return {k: _plain(v) for k, v in asdict(self).items()}
+        return as_json(self)
 
 
 def format_when(epoch_s: float, tz: tzinfo | None = None, *, with_time: bool = True) -> str:
@@ -97,12 +97,3 @@ def detect_slip(
         window_s=float(window),
         explanation=text,
     )
-
-
-def _plain(value: object) -> float | bool | str | None:
-    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
-    if hasattr(value, "item"):
-        value = value.item()  # type: ignore[union-attr]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value  # type: ignore[return-value]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.slip import format_span
 
 
@@ -20,7 +20,7 @@ class StallResult:
     explanation: str
 
     def to_dict(self) -> dict[str, float | bool | str | None]:
-        return {k: _plain(v) for k, v in asdict(self).items()}
+        return as_json(self)
 
 
 def _usual_interval(times: np.ndarray) -> float | None:
@@ -85,12 +85,3 @@ def detect_stall(
             text = f"heartbeat {format_span(silent)} ago (usually every {format_span(usual)})"
             return StallResult(False, float(silent), usual, "no_heartbeat", text)
     return None
-
-
-def _plain(value: object) -> float | bool | str | None:
-    """JSON-ready: numpy scalars become Python ones, NaN/inf become None."""
-    if hasattr(value, "item"):
-        value = value.item()  # type: ignore[union-attr]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value  # type: ignore[return-value]
