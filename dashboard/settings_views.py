@@ -14,7 +14,7 @@ from dashboard import forms
 from dashboard.access import membership_for
 from tracker import settings_selectors as sel
 from tracker import settings_services as svc
-from tracker.models import Membership, Project
+from tracker.models import Deadline, Membership, Project
 from tracker.services import ServiceError, token_create, token_revoke
 
 
@@ -151,26 +151,7 @@ def token_delete(request: HttpRequest, project: str, token_id: int) -> HttpRespo
 @require_http_methods(["GET", "POST"])
 def deadline_new(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(request, project, need="member")
-    form = forms.DeadlineForm(
-        request.POST or None, initial={"timezone": membership.project.timezone}
-    )
-    if request.method == "POST" and form.is_valid():
-        d = form.cleaned_data
-        try:
-            svc.deadline_create(
-                project=membership.project,
-                name=d["name"],
-                cutoff=d["cutoff"],
-                timezone=d["timezone"],
-                buffer=d["buffer"],
-                notes=d["notes"],
-            )
-            return redirect("dashboard:settings", project=project)
-        except ServiceError as exc:
-            form.add_error(None, exc.message)
-    status = 400 if request.method == "POST" else 200
-    context = {"project": membership.project, "form": form, "deadline": None}
-    return render(request, "dashboard/deadline_form.html", context, status=status)
+    return _deadline_form(request, membership.project, None)
 
 
 @login_required
@@ -180,23 +161,28 @@ def deadline_edit(request: HttpRequest, project: str, slug: str) -> HttpResponse
     deadline = sel.deadline_get(project=membership.project, slug=slug)
     if deadline is None:
         raise Http404("no such deadline")
-    form = forms.DeadlineForm(
-        request.POST or None, initial=forms.DeadlineForm.initial_for(deadline)
+    return _deadline_form(request, membership.project, deadline)
+
+
+def _deadline_form(
+    request: HttpRequest, project: Project, deadline: Deadline | None
+) -> HttpResponse:
+    """Create (deadline None) or edit one deadline; both share the form and its errors."""
+    initial = (
+        forms.DeadlineForm.initial_for(deadline) if deadline else {"timezone": project.timezone}
     )
+    form = forms.DeadlineForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
+        fields = {k: d[k] for k in ("name", "cutoff", "timezone", "buffer", "notes")}
         try:
-            svc.deadline_update(
-                deadline=deadline,
-                name=d["name"],
-                cutoff=d["cutoff"],
-                timezone=d["timezone"],
-                buffer=d["buffer"],
-                notes=d["notes"],
-            )
-            return redirect("dashboard:settings", project=project)
+            if deadline is None:
+                svc.deadline_create(project=project, **fields)
+            else:
+                svc.deadline_update(deadline=deadline, **fields)
+            return redirect("dashboard:settings", project=project.slug)
         except ServiceError as exc:
             form.add_error(None, exc.message)
     status = 400 if request.method == "POST" else 200
-    context = {"project": membership.project, "form": form, "deadline": deadline}
+    context = {"project": project, "form": form, "deadline": deadline}
     return render(request, "dashboard/deadline_form.html", context, status=status)
