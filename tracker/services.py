@@ -42,6 +42,10 @@ class ServiceError(Exception):
         self.field = field
 
 
+class Forbidden(ServiceError):
+    status = 403
+
+
 class NotFound(ServiceError):
     status = 404
 

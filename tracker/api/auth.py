@@ -4,7 +4,7 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 
 from tracker.models import ApiToken
-from tracker.services import token_authenticate
+from tracker.services import Forbidden, token_authenticate
 
 
 class TokenAuth(HttpBearer):
@@ -15,11 +15,7 @@ class TokenAuth(HttpBearer):
 
 
 def require_scope(request: HttpRequest, scope: str) -> ApiToken:
-    from tracker.services import ServiceError
-
     token: ApiToken = request.auth  # type: ignore[attr-defined]
     if token.scope != scope:
-        error = ServiceError(f"this token has the {token.scope!r} scope; {scope!r} is needed")
-        error.status = 403
-        raise error
+        raise Forbidden(f"this token has the {token.scope!r} scope; {scope!r} is needed")
     return token
