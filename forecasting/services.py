@@ -35,6 +35,8 @@ LOSS_KEYS = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
 # Forecast inputs are thinned to this many points; the estimators bin further themselves.
 MAX_INPUT_POINTS = 200_000
 FLAG_KINDS_FROM_DIVERGENCE = ("nan", "spike", "rise", "oscillation", "regression")
+# Kinds forecast_compute owns (resolves when absent); "stalled" belongs to the liveness sweep.
+FORECAST_FLAG_KINDS = (*FLAG_KINDS_FROM_DIVERGENCE, "slip", "deadline")
 
 
 @dataclass
@@ -109,12 +111,7 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-    return flags_sync(run=run, conditions=conditions, kinds=_managed_kinds(run), now=now)
-
-
-def _managed_kinds(run: Run) -> tuple[str, ...]:
-    # Kinds this computation owns; "stalled"/"crashed" belong to the sweeper.
-    return (*FLAG_KINDS_FROM_DIVERGENCE, "slip", "deadline")
+    return flags_sync(run=run, conditions=conditions, kinds=FORECAST_FLAG_KINDS, now=now)
 
 
 def _store(
