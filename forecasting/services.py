@@ -101,17 +101,23 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     loss_key = loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
     conditions: list[Condition] = []
+    kinds: tuple[str, ...] = FORECAST_FLAG_KINDS
     if progress_key is not None:
         raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
         if len(raw):
-            conditions += _eta_and_deadline(run=run, progress=_thin(raw), now=now)
+            eta_conditions = _eta_and_deadline(run=run, progress=_thin(raw), now=now)
+            if eta_conditions is None and run.is_active:
+                # No ETA this time (e.g. too few points right after a resume): that says
+                # nothing about the deadline or the slip, so their open flags stay as they are.
+                kinds = FLAG_KINDS_FROM_DIVERGENCE
+            conditions += eta_conditions or []
             if loss_key is not None:
                 # The progress series is the loss series: resolve it in memory, not reload it.
                 series = latest_wins(raw)
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-    return flags_sync(run=run, conditions=conditions, kinds=FORECAST_FLAG_KINDS, now=now)
+    return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
 
 
 def _store(
@@ -140,11 +146,12 @@ def _store(
     return forecast
 
 
-def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Condition]:
+def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Condition] | None:
+    """Slip and deadline conditions, or None when no ETA can be made from the data."""
     now_s = now.timestamp()
     eta = forecast_eta(progress.steps.astype(float), progress.times, run.total_steps, now=now_s)
     if eta is None:
-        return []
+        return None
     last_step = int(progress.steps[-1])
     finish = (now_s + eta.wall_p10, now_s + eta.wall_p50, now_s + eta.wall_p90)
     _store(

@@ -192,3 +192,22 @@ def test_it_updates_a_deadline_flag_when_its_odds_cross_a_band(project):
         ("updated", 0.6),
         ("updated", 0.3),
     ]
+
+
+def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
+    Deadline.objects.create(
+        project=project, slug="eval", name="blind eval", cutoff=at(7000), buffer=timedelta(0)
+    )
+    run = make_run(project, deadline="eval")
+    steps = np.arange(4000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(4000))
+    assert selectors.flags_open(run=run)["deadline"].state == "raised"
+    # The plan is gone (the job restarted without its total): no ETA can be made.
+    Run.objects.filter(pk=run.pk).update(total_steps=None)
+    services.forecast_compute(run_id=run.pk, now=at(4010))
+    assert "deadline" in selectors.flags_open(run=run)
+    # A finished run resolves what it left open.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED)
+    services.forecast_compute(run_id=run.pk, now=at(4020))
+    assert "deadline" not in selectors.flags_open(run=run)
