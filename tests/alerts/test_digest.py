@@ -116,3 +116,16 @@ def test_it_retries_a_failed_digest_on_the_next_tick(
     digest = Digest.objects.get()
     assert (digest.status, digest.tries) == (Digest.Status.SENT, 2)
     assert len(mailbox.messages) == 1
+
+
+def test_it_does_not_rebuild_a_digest_already_sent_today(
+    project: Project,
+    mailbox: Mailbox,
+    no_default_slack: None,
+    django_assert_max_num_queries: Any,
+) -> None:
+    with_deadline_run(project)
+    services.digests_send_due(now=MORNING)
+    # projects, owners' addresses, today's digest: nothing per run.
+    with django_assert_max_num_queries(3):
+        assert services.digests_send_due(now=MORNING + timedelta(hours=1)) == 0
