@@ -1,8 +1,6 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DJANGO_SETTINGS_MODULE=config.settings.base
 WORKDIR /app
-COPY pyproject.toml ./
-COPY client ./client
 COPY . .
 RUN pip install --no-cache-dir . ./client && python manage.py collectstatic --noinput
 EXPOSE 8000
