@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,21 +28,14 @@ def live_token(django_user_model) -> str:
     return token_create(project=project, name="t", scope=ApiToken.Scope.WRITE)
 
 
-def fast_settings(url: str, token: str, spool: Path) -> Settings:
-    return Settings(
-        url=url,
-        token=token,
-        dir=spool,
-        flush_interval=0.05,
-        timeout=2.0,
-        max_retries=2,
-        backoff_base=0.05,
-        backoff_max=0.2,
-        probe_interval=0.1,
-        probe_interval_max=0.3,
-        finish_timeout=60.0,
-        max_queue=1_000_000,
-    )
+@pytest.fixture
+def fast_settings(make_settings, live_token):
+    """The client's test timings (tests/client/conftest.py), against the live server."""
+
+    def build(url: str) -> Settings:
+        return make_settings(url, token=live_token, finish_timeout=60.0, max_queue=1_000_000)
+
+    return build
 
 
 def stored(run_id: str, key: str) -> np.ndarray:
@@ -51,8 +43,8 @@ def stored(run_id: str, key: str) -> np.ndarray:
     return selectors.series_load(run=run, key=key, resolve=False).steps
 
 
-def test_it_stores_100k_points_exactly_once(live_server, live_token, tmp_path):
-    settings = fast_settings(live_server.url, live_token, tmp_path)
+def test_it_stores_100k_points_exactly_once(live_server, fast_settings):
+    settings = fast_settings(live_server.url)
     run = runcast.init(
         project="live", name="big", id="big-1", total_steps=50_000, settings=settings
     )
@@ -128,8 +120,8 @@ def relay(live_server) -> Iterator[Relay]:
     r.down()
 
 
-def test_it_survives_a_server_outage_without_loss_or_duplicates(live_token, relay, tmp_path):
-    settings = fast_settings(f"http://127.0.0.1:{relay.port}", live_token, tmp_path)
+def test_it_survives_a_server_outage_without_loss_or_duplicates(relay, fast_settings):
+    settings = fast_settings(f"http://127.0.0.1:{relay.port}")
     run = runcast.init(project="live", name="outage", id="outage-1", settings=settings)
     slowest = 0.0
     for step in range(30_000):
@@ -151,8 +143,8 @@ def test_it_survives_a_server_outage_without_loss_or_duplicates(live_token, rela
     assert slowest < 0.5
 
 
-def test_a_resumed_job_keeps_its_rollback(live_server, live_token, tmp_path):
-    settings = fast_settings(live_server.url, live_token, tmp_path)
+def test_a_resumed_job_keeps_its_rollback(live_server, fast_settings):
+    settings = fast_settings(live_server.url)
     first = runcast.init(project="live", id="resume-1", total_steps=1000, settings=settings)
     for step in range(600):
         first.log({"loss": 2.0}, step=step)
@@ -168,8 +160,8 @@ def test_a_resumed_job_keeps_its_rollback(live_server, live_token, tmp_path):
     assert plotted.steps.tolist() == list(range(1000))
 
 
-def test_an_importer_keeps_the_original_times(live_server, live_token, tmp_path):
-    settings = fast_settings(live_server.url, live_token, tmp_path)
+def test_an_importer_keeps_the_original_times(live_server, fast_settings):
+    settings = fast_settings(live_server.url)
     run = runcast.init(project="live", id="import-1", world_size=64, settings=settings)
     for step in range(100):
         run.log({"loss": 1.0}, step=step, time=1.7e9 + 10.0 * step)
@@ -199,9 +191,9 @@ def test_an_importer_keeps_the_original_times(live_server, live_token, tmp_path)
     ],
 )
 def test_it_keeps_the_batch_when_one_entry_breaks_a_server_limit(
-    live_server, live_token, tmp_path, bad
+    live_server, fast_settings, spool_dir, bad
 ):
-    settings = fast_settings(live_server.url, live_token, tmp_path)
+    settings = fast_settings(live_server.url)
     settings.flush_interval = 30.0  # everything below lands in one batch unless the client splits
     run = runcast.init(project="live", id="limits-1", settings=settings)
     for step in range(5):
@@ -213,4 +205,4 @@ def test_it_keeps_the_batch_when_one_entry_breaks_a_server_limit(
     steps = stored("limits-1", "loss")
     assert sorted(set(steps.tolist()) - {5}) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     assert Run.objects.get(public_id="limits-1").status == "finished"
-    assert not list(tmp_path.rglob("*.json")), "nothing left in the spool"
+    assert not list(spool_dir.rglob("*.json")), "nothing left in the spool"
