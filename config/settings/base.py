@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    # Listed so /api/v1/docs serves Swagger UI from ninja's bundled static files, not a CDN.
+    "ninja",
     "tracker",
     "forecasting",
     "alerts",

@@ -489,3 +489,9 @@ def test_it_answers_400_to_an_unknown_status_filter(api, read_token):
     res = api("GET", "/runs?status=a%00b", read_token)
     assert res.status_code == 400 and res.json()["field"] == "status"
     assert api("GET", "/runs?status=stalled", read_token).status_code == 200
+
+
+def test_the_api_docs_need_no_cdn(client):
+    html = client.get("/api/v1/docs").content.decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in html
+    assert "cdn" not in html.lower()
