@@ -25,34 +25,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forecasting.estimators.baselines import BASELINES
-from forecasting.estimators.eta import forecast_eta, stitch_resets
-from forecasting.evaluate.data import CurveRun
+from forecasting.estimators.eta import forecast_eta
+from forecasting.evaluate.data import CurveRun, run_timeline
 from forecasting.evaluate.faults import inject_faults, run_rng
 
 CUTOFFS = (10, 25, 50, 75, 90)
 METHODS = ("runcast", *BASELINES)
-
-
-def run_timeline(run: CurveRun) -> tuple[np.ndarray, np.ndarray] | None:
-    """Progress points of a run with a usable clock: elapsed_s, else cumulated step_ms."""
-    steps = run.column("step")
-    elapsed = run.column("elapsed_s")
-    ok = np.isfinite(steps) & np.isfinite(elapsed)
-    if ok.sum() >= 3:
-        # Source timers restart (NanoGPT after compile warm-up): stitch, as a wall clock would be.
-        return steps[ok], stitch_resets(elapsed[ok])
-    step_ms = run.column("step_ms")
-    timed = np.isfinite(steps) & np.isfinite(step_ms)
-    if timed.sum() < 3:
-        return None
-    first = int(np.flatnonzero(np.isfinite(steps))[0])
-    s = np.concatenate(([steps[first]], steps[timed]))
-    # step_ms is the mean over the steps since the previous timed row (interval logging).
-    ds = np.clip(np.diff(s), 0.0, None)
-    t = np.concatenate(([0.0], np.cumsum(step_ms[timed] / 1000.0 * ds)))
-    if timed[first]:
-        s, t = s[1:], t[1:] - t[1]
-    return s, t
 
 
 @dataclass

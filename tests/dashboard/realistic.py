@@ -8,8 +8,6 @@ ETA history and "moved in 24 h" are real forecasts, not made-up rows.
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from forecasting import receivers
+from forecasting.evaluate.data import CurveRow, curve_rows
 from forecasting.services import forecast_compute
 from tracker.models import Deadline, Event, Project, Run
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
@@ -81,44 +80,6 @@ PLANS = (
 )
 
 
-@dataclass
-class Row:
-    step: int
-    t: float
-    loss: float | None
-    val: float | None
-
-
-def _num(text: str) -> float | None:
-    if not text:
-        return None
-    value = float(text)
-    return None if math.isnan(value) else value
-
-
-def load(path: Path) -> tuple[list[Row], int | None]:
-    rows: list[Row] = []
-    total = None
-    offset = prev_raw = prev_step = clock = 0.0
-    with path.open() as fh:
-        for rec in csv.DictReader(fh):
-            step = int(float(rec["step"]))
-            total = int(float(rec["total_steps"])) if rec["total_steps"] else total
-            elapsed, step_ms = _num(rec["elapsed_s"]), _num(rec["step_ms"])
-            if elapsed is not None:
-                if elapsed < prev_raw:  # a timer reset after compile warm-up
-                    offset += prev_raw
-                prev_raw = elapsed
-                clock = offset + elapsed
-            elif step_ms is not None:
-                clock += step_ms / 1000.0 * max(1.0, step - prev_step)
-            else:
-                clock += max(1.0, step - prev_step)
-            prev_step = step
-            rows.append(Row(step, clock, _num(rec["train_loss"]), _num(rec["val_loss"])))
-    return rows, total
-
-
 @contextmanager
 def forecasts_by_hand() -> Iterator[None]:
     # Forecasts are computed here at chosen clocks; the receivers would compute at the real one.
@@ -155,7 +116,7 @@ def seed(project: Project, *, now: datetime, batches: int = 10) -> dict[str, Run
 
 
 def _replay(project: Project, plan: Plan, path: Path, *, now: datetime, batches: int) -> Run:
-    rows, total = load(path)
+    rows, total = curve_rows(path)
     full_t = rows[-1].t
     scale = plan.hours * 3600 / full_t
     t_now = plan.done * full_t
@@ -209,8 +170,8 @@ def _replay(project: Project, plan: Plan, path: Path, *, now: datetime, batches:
 
 
 def _segments(
-    rows: list[Row], plan: Plan, total: int, *, full_t: float, scale: float
-) -> list[tuple[list[Row], float]]:
+    rows: list[CurveRow], plan: Plan, total: int, *, full_t: float, scale: float
+) -> list[tuple[list[CurveRow], float]]:
     """The rows as one segment, or two when the run crashes and resumes from a checkpoint."""
     if plan.crash_at is None:
         return [(rows, 0.0)]
@@ -223,9 +184,9 @@ def _segments(
     return [(rows[:crash], 0.0), (rows[resume:], downtime + redo)]
 
 
-def _series(rows: list[Row], clock: list[float]) -> list[SeriesIn]:
+def _series(rows: list[CurveRow], clock: list[float]) -> list[SeriesIn]:
     out = []
-    for key, attr in (("loss", "loss"), ("val_loss", "val")):
+    for key, attr in (("loss", "train_loss"), ("val_loss", "val_loss")):
         pts = [
             (r.step, getattr(r, attr), t)
             for r, t in zip(rows, clock, strict=True)
@@ -237,7 +198,7 @@ def _series(rows: list[Row], clock: list[float]) -> list[SeriesIn]:
     return out
 
 
-def _events(rows: list[Row], clock: list[float], total: int) -> list[EventIn]:
+def _events(rows: list[CurveRow], clock: list[float], total: int) -> list[EventIn]:
     ckpt_every, eval_every = max(1, total // 10), max(1, total // 20)
     out = []
     prev = rows[0].step
