@@ -16,6 +16,7 @@ from dashboard.access import membership_for, run_for
 from dashboard.presenters import board_view
 from forecasting import board as board_selectors
 from forecasting.selectors import eta_history
+from forecasting.services import LOSS_KEYS
 from tracker import selectors
 
 MAX_BUCKETS = 2_000
@@ -188,7 +189,6 @@ def compare(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(request, project)
     chosen = request.GET.getlist("run")[:8]
     runs = list(selectors.run_list(project=membership.project)[:200])
-    keys = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
     slug = membership.project.slug
     picked = [
         {
@@ -206,6 +206,6 @@ def compare(request: HttpRequest, project: str) -> HttpResponse:
         "chosen": picked,
         "chosen_ids": chosen,
         "key": request.GET.get("key") or "",
-        "suggested_keys": keys,
+        "suggested_keys": LOSS_KEYS,
     }
     return render(request, "dashboard/compare.html", context)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from django.db.models import (
     BinaryField,
-    Exists,
     F,
     Q,
     QuerySet,
@@ -27,8 +26,10 @@ from django.db.models import OuterRef as Outer
 from django.db.models.functions import Substr
 
 from forecasting.models import Flag, Forecast
+from forecasting.selectors import flag_history, open_flags_by_run
 from forecasting.services import loss_key_for
 from tracker.models import Deadline, Event, Membership, MetricChunk, Run, RunSegment
+from tracker.selectors import series_keys
 from tracker.series import concat, latest_wins, superseded_mask
 
 # How far back "how the ETA moved" looks: a lead's day.
@@ -109,24 +110,6 @@ def _annotated(runs: QuerySet[Run], now: datetime) -> QuerySet[Run]:
         deadline_fc_id=_latest_id(Forecast.Kind.DEADLINE),
         loss_id=_latest_id(Forecast.Kind.LOSS),
     )
-
-
-def open_flags_by_run(run_ids: list[int]) -> dict[int, list[Flag]]:
-    """The open flags of many runs in one query: newest row per (run, kind), not resolved."""
-    newer = Flag.objects.filter(
-        run=Outer("run"), kind=Outer("kind"), created_at__gt=Outer("created_at")
-    )
-    rows = (
-        Flag.objects.filter(run_id__in=run_ids)
-        .annotate(superseded=Exists(newer))
-        .filter(superseded=False)
-        .exclude(state=Flag.State.RESOLVED)
-        .order_by("-severity", "kind")
-    )
-    out: dict[int, list[Flag]] = {}
-    for flag in rows:
-        out.setdefault(flag.run_id, []).append(flag)
-    return out
 
 
 def outlooks_for(runs: list[Run], *, now: datetime) -> list[RunOutlook]:
@@ -299,10 +282,8 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     """Summary of one run for its page (a constant handful of queries)."""
     annotated = _annotated(Run.objects.select_related("project", "deadline"), now).get(pk=run.pk)
     outlook = outlooks_for([annotated], now=now)[0]
-    keys = list(
-        MetricChunk.objects.filter(run=run).order_by("key").values_list("key", flat=True).distinct()
-    )
-    history = list(Flag.objects.filter(run=run).order_by("-created_at", "-id")[:100])
+    keys = series_keys(run=run)
+    history = list(flag_history(run=run, limit=100))
     return RunPage(outlook=outlook, flag_history=history, loss_key=loss_key_for(keys), keys=keys)
 
 
@@ -387,8 +368,7 @@ def throughput_view(
     *, run: Run, buckets: int, x0: float | None = None, x1: float | None = None
 ) -> ThroughputView:
     """Steps per second along the run, derived from the progress series' (step, time) pairs."""
-    keys = MetricChunk.objects.filter(run=run).values_list("key", flat=True).distinct()
-    key_list = list(keys.order_by("key")[:2000])
+    key_list = series_keys(run=run)
     key = loss_key_for(key_list) or (key_list[0] if key_list else None)
     empty = np.empty(0)
     if key is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from forecasting.models import Flag, Forecast
 from tracker.models import Run
@@ -16,12 +16,33 @@ def forecasts_latest(*, run: Run) -> dict[str, Forecast]:
     return latest
 
 
+def open_flags_by_run(run_ids: list[int]) -> dict[int, list[Flag]]:
+    """The open flags of many runs in one query: newest row per (run, kind), not resolved.
+
+    "Newest" is by (created_at, id): one computation writes its rows with one timestamp.
+    """
+    if not run_ids:
+        return {}
+    newer = Flag.objects.filter(run=OuterRef("run"), kind=OuterRef("kind")).filter(
+        Q(created_at__gt=OuterRef("created_at"))
+        | Q(created_at=OuterRef("created_at"), id__gt=OuterRef("id"))
+    )
+    rows = (
+        Flag.objects.filter(run_id__in=run_ids)
+        .annotate(superseded=Exists(newer))
+        .filter(superseded=False)
+        .exclude(state=Flag.State.RESOLVED)
+        .order_by("-severity", "kind")
+    )
+    out: dict[int, list[Flag]] = {}
+    for flag in rows:
+        out.setdefault(flag.run_id, []).append(flag)
+    return out
+
+
 def flags_open(*, run: Run) -> dict[str, Flag]:
-    """The newest row per kind, for the kinds whose newest row is not resolved."""
-    latest: dict[str, Flag] = {}
-    for flag in Flag.objects.filter(run=run).order_by("kind", "-created_at", "-id"):
-        latest.setdefault(flag.kind, flag)
-    return {k: f for k, f in latest.items() if f.is_open}
+    """The open flags of one run by kind."""
+    return {f.kind: f for f in open_flags_by_run([run.pk]).get(run.pk, [])}
 
 
 def flag_history(*, run: Run, limit: int = 200) -> QuerySet[Flag]:

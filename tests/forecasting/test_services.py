@@ -211,3 +211,14 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED)
     services.forecast_compute(run_id=run.pk, now=at(4020))
     assert "deadline" not in selectors.flags_open(run=run)
+
+
+def test_rows_written_in_one_instant_count_once_newest_by_id(project):
+    run = make_run(project)
+    now = timezone.now()
+    for onset in (100, 250):
+        cond = services.Condition("rise", "loss rising", 1.0, onset)
+        services.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
+    open_rows = selectors.open_flags_by_run([run.pk])[run.pk]
+    assert [(f.kind, f.state, f.onset_step) for f in open_rows] == [("rise", "updated", 250)]
+    assert selectors.flags_open(run=run)["rise"].onset_step == 250
