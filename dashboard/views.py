@@ -15,8 +15,9 @@ from django.views.decorators.http import require_GET
 from dashboard.access import membership_for, run_for
 from dashboard.presenters import board_view
 from forecasting import board as board_selectors
-from forecasting.selectors import eta_history
-from forecasting.services import LOSS_KEYS
+from forecasting.models import Forecast
+from forecasting.selectors import eta_history, forecast_latest
+from forecasting.services import LOSS_KEYS, loss_key_for
 from tracker import selectors
 
 MAX_BUCKETS = 2_000
@@ -143,10 +144,11 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     """Everything the charts draw besides the series: ETA history, cutoff, loss forecast,
     target and markers."""
     run = run_for(request, project, run_id)
-    page = board_selectors.run_page(run=run, now=timezone.now())
-    o = page.outlook
+    keys = selectors.series_keys(run=run)
+    loss_key = loss_key_for(keys)
+    latest_loss = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
     deadline = run.deadline
-    loss = o.loss or {}
+    loss = latest_loss.data if latest_loss is not None else {}
     forecast = None
     if loss and run.is_active:
         forecast = board_selectors.loss_forecast_path(
@@ -157,8 +159,8 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
             "run": run.public_id,
             "name": str(run),
             "active": run.is_active,
-            "loss_key": page.loss_key,
-            "keys": page.keys,
+            "loss_key": loss_key,
+            "keys": keys,
             "eta_history": eta_history(run=run, limit=2000),
             "deadline": None
             if deadline is None
@@ -169,7 +171,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
             },
             "loss_forecast": forecast,
             "loss": loss or None,
-            "target": run.project.targets.get(page.loss_key or "", None),
+            "target": run.project.targets.get(loss_key or "", None),
             "markers": [
                 {"kind": m.kind, "step": m.step, "label": m.label}
                 for m in board_selectors.run_markers(run=run)
