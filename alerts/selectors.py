@@ -8,7 +8,8 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from alerts.models import Channel, Notification, Rule
-from forecasting.models import Flag, Forecast
+from forecasting.models import Forecast
+from forecasting.selectors import forecast_latest, open_flags_by_run
 from tracker.models import Project, Run
 
 
@@ -37,38 +38,23 @@ def notification_list(*, project: Project, run: Run | None = None) -> QuerySet[N
 
 def digest_runs(*, project: Project, now: datetime) -> list[dict[str, Any]]:
     """Active runs and those that ended in the last day, with their latest forecasts."""
-    runs = (
+    runs = list(
         Run.objects.select_related("deadline")
         .filter(project=project)
         .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(ended_at__gte=now - timedelta(days=1)))
         .order_by("deadline__cutoff", "-last_seen_at")[:100]
     )
+    flags = open_flags_by_run([r.pk for r in runs])
     rows = []
     for run in runs:
-        eta = (
-            Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
-            .order_by("-computed_at", "-id")
-            .first()
-        )
-        risk = (
-            Forecast.objects.filter(run=run, kind=Forecast.Kind.DEADLINE)
-            .order_by("-computed_at", "-id")
-            .first()
-        )
+        eta = forecast_latest(run=run, kind=Forecast.Kind.ETA)
+        risk = forecast_latest(run=run, kind=Forecast.Kind.DEADLINE)
         rows.append(
             {
                 "run": run,
                 "p50": eta.finish_p50 if eta else None,
                 "p_on_time": (risk.data or {}).get("p_on_time") if risk else None,
-                "open_flags": _open_flag_kinds(run),
+                "open_flags": sorted(f.kind for f in flags.get(run.pk, [])),
             }
         )
     return rows
-
-
-def _open_flag_kinds(run: Run) -> list[str]:
-    latest: dict[str, str] = {}
-    rows = Flag.objects.filter(run=run).order_by("kind", "-created_at", "-id")
-    for kind, state in rows.values_list("kind", "state"):
-        latest.setdefault(kind, state)
-    return sorted(k for k, s in latest.items() if s != Flag.State.RESOLVED)
