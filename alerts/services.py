@@ -471,9 +471,11 @@ def digest_send(*, project: Project, day: date, now: datetime) -> bool:
         }
     )
     # Most hourly ticks find today's digest already sent: check that before building it.
-    if Digest.objects.filter(project=project, day=day).exclude(
-        status=Digest.Status.FAILED, tries__lt=3
-    ).exists():
+    if (
+        Digest.objects.filter(project=project, day=day)
+        .exclude(status=Digest.Status.FAILED, tries__lt=3)
+        .exists()
+    ):
         return False
     message = digest_message(project=project, now=now)
     if not recipients or message is None:

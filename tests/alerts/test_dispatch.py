@@ -242,9 +242,7 @@ def test_it_sends_a_resolved_message_when_a_flag_clears(
     dispatch(django_capture_on_commit_callbacks)
 
     assert len(mailbox.messages) == 2
-    assert mailbox.messages[1]["Subject"].endswith(
-        "Resolved: pretrain-3.0 loss is back on track."
-    )
+    assert mailbox.messages[1]["Subject"].endswith("Resolved: pretrain-3.0 loss is back on track.")
     resolved = sink.to("/slack")[1].json()
     assert resolved["text"].startswith("Resolved: pretrain-3.0")
 
