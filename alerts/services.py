@@ -318,9 +318,8 @@ def _notifications_create(*, event: Event) -> list[Notification]:
             },
         )
         if was_created:
+            # Delivery is enqueued after commit by alerts.receivers (post_save).
             created.append(notification)
-            if status == S.PENDING:
-                _enqueue(notification.pk)
     return created
 
 
@@ -357,12 +356,6 @@ def _gate(*, rule: Rule, channel: Channel, event: Event) -> tuple[str, str] | No
             return S.SUPPRESSED, "its raise was not delivered on this channel (cooldown or failure)"
         return None
     return S.PENDING, ""
-
-
-def _enqueue(notification_id: int) -> None:
-    from alerts.tasks import deliver_notification
-
-    deliver_notification.delay_on_commit(notification_id)
 
 
 # --- delivery ---------------------------------------------------------------------------------
@@ -415,29 +408,29 @@ def _after_error(n: Notification, e: TransportError, now: datetime) -> float | N
     return delay
 
 
-def notifications_requeue(*, now: datetime | None = None, limit: int = 500) -> int:
-    """Enqueue due pending notifications whose task was lost; fail those a worker abandoned."""
+def notifications_due(*, now: datetime | None = None, limit: int = 500) -> list[int]:
+    """Due pending notifications (their task may be lost); fail those a worker abandoned.
+
+    Returns ids for the caller (the sweep task) to enqueue: services know no Celery.
+    """
     now = now or timezone.now()
     Notification.objects.filter(status=S.SENDING, claimed_at__lt=now - STUCK_SENDING_AFTER).update(
         status=S.FAILED,
         reason="the worker stopped while sending; not retried so it cannot arrive twice",
     )
-    ids = list(
+    return list(
         Notification.objects.filter(status=S.PENDING, next_attempt_at__lte=now)
         .order_by("next_attempt_at")
         .values_list("pk", flat=True)[:limit]
     )
-    for notification_id in ids:
-        _enqueue(notification_id)
-    return len(ids)
 
 
-def alerts_sweep(*, now: datetime | None = None) -> None:
-    """Beat: the queue is a hint, the database the truth."""
+def alerts_sweep(*, now: datetime | None = None) -> list[int]:
+    """Beat: the queue is a hint, the database the truth. Returns notifications to enqueue."""
     now = now or timezone.now()
     flags_dispatch(now=now)
     runs_ended_dispatch(now=now)
-    notifications_requeue(now=now)
+    return notifications_due(now=now)
 
 
 # --- daily digest -----------------------------------------------------------------------------

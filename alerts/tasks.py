@@ -1,4 +1,6 @@
-"""Thin Celery tasks on the `alerts` queue: take ids, call a service. All idempotent."""
+"""Thin Celery tasks on the `alerts` queue: take ids, call a service. All idempotent.
+
+Enqueueing lives here and in receivers, never in services (they know no Celery)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from django.core.cache import cache
 from alerts import services
 
 DISPATCH_PENDING_KEY = "runcast:alerts-dispatch-pending"
+DISPATCH_DEBOUNCE_S = 10
 
 
 @shared_task(soft_time_limit=50, time_limit=60)
@@ -31,9 +34,17 @@ def deliver_notification(notification_id: int) -> None:
         deliver_notification.apply_async(args=[notification_id], countdown=retry_in)
 
 
+def dispatch_enqueue() -> None:
+    """One dispatch for a burst of flags (flags_sync writes several in one transaction); the
+    task clears the marker when it starts, and the beat sweep catches anything missed."""
+    if cache.add(DISPATCH_PENDING_KEY, 1, timeout=DISPATCH_DEBOUNCE_S):
+        dispatch_flags.delay()
+
+
 @shared_task(soft_time_limit=50, time_limit=60)
 def sweep_alerts() -> None:
-    services.alerts_sweep()
+    for notification_id in services.alerts_sweep():
+        deliver_notification.delay(notification_id)
 
 
 @shared_task(soft_time_limit=300, time_limit=330)

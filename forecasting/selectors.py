@@ -63,3 +63,8 @@ def eta_history(
         .values_list("computed_at", "finish_p10", "finish_p50", "finish_p90")[:limit]
     )
     return [(c.timestamp(), p10, p50, p90) for c, p10, p50, p90 in reversed(rows)]
+
+
+def active_run_ids() -> list[int]:
+    """Runs the sweeper checks and re-forecasts (the (status, last_seen_at) index serves it)."""
+    return list(Run.objects.filter(status__in=Run.ACTIVE_STATUSES).values_list("pk", flat=True))

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -28,9 +27,6 @@ from tracker.series import Series, latest_wins
 
 logger = logging.getLogger(__name__)
 
-# A run sends a batch every second or so; forecasting each would be waste. One forecast per
-# run per interval, computed after the interval so it sees everything that arrived meanwhile.
-FORECAST_DEBOUNCE_S = 15
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
 # Forecast inputs are thinned to this many points; the estimators bin further themselves.
 MAX_INPUT_POINTS = 200_000
@@ -48,20 +44,6 @@ class Condition:
     severity: float | None = None
     onset_step: float | None = None
     data: dict[str, Any] = field(default_factory=dict)
-
-
-def forecast_request(*, run_id: int, immediate: bool = False) -> bool:
-    """Enqueue a debounced forecast of one run; return whether a task was enqueued."""
-    from forecasting.tasks import forecast_run
-
-    if immediate:
-        forecast_run.delay(run_id)
-        return True
-    # cache.add is atomic: of all batches in the window, exactly one enqueues.
-    if not cache.add(f"runcast:forecast-pending:{run_id}", 1, timeout=FORECAST_DEBOUNCE_S):
-        return False
-    forecast_run.apply_async(args=[run_id], countdown=FORECAST_DEBOUNCE_S)
-    return True
 
 
 def loss_key_for(keys: list[str]) -> str | None:
@@ -344,7 +326,3 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             Condition("stalled", stall.explanation, stall.silent_s, None, stall.to_dict())
         )
     return flags_sync(run=run, conditions=conditions, kinds=("stalled",), now=now)
-
-
-def runs_to_sweep() -> list[int]:
-    return list(Run.objects.filter(status__in=Run.ACTIVE_STATUSES).values_list("pk", flat=True))

@@ -1,23 +1,47 @@
-"""Thin Celery tasks: take ids, re-fetch, call a service. All idempotent (acks_late is on)."""
+"""Thin Celery tasks: take ids, re-fetch, call a service. All idempotent (acks_late is on).
+
+Enqueueing lives here too (never in services, which know no Celery): receivers and the sweeper
+call `forecast_enqueue`.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 from django.core.cache import cache
 
-from forecasting import services
+from forecasting import selectors, services
+
+# A run sends a batch every second or so; forecasting each would be waste. One forecast per
+# run per interval, computed after the interval so it sees everything that arrived meanwhile.
+FORECAST_DEBOUNCE_S = 15
+
+
+def _pending_key(run_id: int) -> str:
+    return f"runcast:forecast-pending:{run_id}"
+
+
+def forecast_enqueue(*, run_id: int, immediate: bool = False) -> bool:
+    """Enqueue a debounced forecast of one run; return whether a task was enqueued."""
+    if immediate:
+        forecast_run.delay(run_id)
+        return True
+    # cache.add is atomic: of all batches in the window, exactly one enqueues.
+    if not cache.add(_pending_key(run_id), 1, timeout=FORECAST_DEBOUNCE_S):
+        return False
+    forecast_run.apply_async(args=[run_id], countdown=FORECAST_DEBOUNCE_S)
+    return True
 
 
 @shared_task(soft_time_limit=30, time_limit=45)
 def forecast_run(run_id: int) -> None:
     # Clear the debounce marker first: data arriving during this computation schedules the next.
-    cache.delete(f"runcast:forecast-pending:{run_id}")
+    cache.delete(_pending_key(run_id))
     services.forecast_compute(run_id=run_id)
 
 
 @shared_task(soft_time_limit=50, time_limit=55)
 def sweep_active_runs() -> None:
     """Beat: liveness for every active run, and a forecast for each (the queue is only a hint)."""
-    for run_id in services.runs_to_sweep():
+    for run_id in selectors.active_run_ids():
         services.run_check_liveness(run_id=run_id)
-        services.forecast_request(run_id=run_id)
+        forecast_enqueue(run_id=run_id)

@@ -193,7 +193,7 @@ def test_it_fails_rather_than_resends_what_a_dead_worker_left(
     claimed = timezone.now() - timedelta(minutes=11)
     Notification.objects.filter(pk=n.pk).update(status=S.SENDING, claimed_at=claimed, tries=1)
 
-    services.notifications_requeue()
+    services.notifications_due()
 
     n.refresh_from_db()
     assert n.status == S.FAILED and "cannot arrive twice" in n.reason

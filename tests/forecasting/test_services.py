@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
 
 from forecasting import selectors, services
@@ -159,16 +158,6 @@ def test_it_marks_a_silent_run_crashed(project):
     services.run_check_liveness(run_id=run.pk, now=timezone.now() + timedelta(hours=1))
     assert Run.objects.get(pk=run.pk).status == "crashed"
     assert Flag.objects.get(run=run, kind="stalled").state == "raised"
-
-
-def test_it_debounces_forecast_requests(project, monkeypatch):
-    run = make_run(project)
-    calls = []
-    monkeypatch.setattr("forecasting.tasks.forecast_run.apply_async", lambda **kw: calls.append(kw))
-    cache.clear()
-    assert services.forecast_request(run_id=run.pk) is True
-    assert services.forecast_request(run_id=run.pk) is False
-    assert len(calls) == 1 and calls[0]["countdown"] == services.FORECAST_DEBOUNCE_S
 
 
 def test_edge_cases_do_not_break_the_service(project):

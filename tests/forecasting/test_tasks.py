@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 
 from config.celery import QUEUE_FORECASTING, app
@@ -46,6 +47,17 @@ def test_forecast_task_run_twice_changes_nothing(project):
     tasks.forecast_run(run.pk)
     assert (Forecast.objects.count(), Flag.objects.count()) == before
     assert Flag.objects.filter(kind="nan").count() == 1
+
+
+@pytest.mark.django_db
+def test_it_debounces_forecast_requests(project, monkeypatch):
+    run = make_run(project, n=10)
+    calls = []
+    monkeypatch.setattr("forecasting.tasks.forecast_run.apply_async", lambda **kw: calls.append(kw))
+    cache.clear()
+    assert tasks.forecast_enqueue(run_id=run.pk) is True
+    assert tasks.forecast_enqueue(run_id=run.pk) is False
+    assert len(calls) == 1 and calls[0]["countdown"] == tasks.FORECAST_DEBOUNCE_S
 
 
 @pytest.mark.django_db

@@ -1,0 +1,140 @@
+"""The layers, checked on the source: imports point down and no module imports one that imports
+it back (a lazy import inside a function counts: it is a circle with the cycle hidden)."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("config", "tracker", "forecasting", "alerts", "dashboard", "curveset", "bench")
+# Each layer may import the ones after it, never the ones before.
+LAYERS = ("dashboard", "alerts", "forecasting", "tracker")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[:2] == ["client", "runcast"]:
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    files += list((ROOT / "client" / "runcast").rglob("*.py"))
+    return {
+        _module_name(p): p for p in files if "migrations" not in p.parts and ".venv" not in p.parts
+    }
+
+
+MODULES = _sources()
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module this file imports, at any depth of the file (lazy imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import mod` is an import of the module pkg.mod, not of pkg's names.
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            found.update(subs or {node.module})
+    return found
+
+
+def _internal(name: str) -> str | None:
+    """The project module an imported name refers to (longest known prefix), if any."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+GRAPH = {
+    mod: {t for i in _imports(path) if (t := _internal(i)) is not None and t != mod}
+    for mod, path in MODULES.items()
+}
+
+
+def _is_package_parent(a: str, b: str) -> bool:
+    # A package's __init__ re-exporting its own submodule is not a circle between layers.
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def _cycles() -> list[list[str]]:
+    cycles, state, stack = [], dict.fromkeys(GRAPH, 0), []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt) :], nxt]
+                if not all(_is_package_parent(a, b) for a, b in itertools.pairwise(cycle)):
+                    cycles.append(cycle)
+            elif state.get(nxt) == 0:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(GRAPH):
+        if state[node] == 0:
+            visit(node)
+    return cycles
+
+
+def test_it_finds_the_modules_it_checks() -> None:
+    assert {"tracker.models", "forecasting.services", "alerts.tasks", "dashboard.views"} <= set(
+        MODULES
+    )
+    assert "forecasting.services" in GRAPH["forecasting.tasks"]
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert _cycles() == []
+
+
+@pytest.mark.parametrize("lower", LAYERS)
+def test_imports_point_down(lower: str) -> None:
+    above = LAYERS[: LAYERS.index(lower)]
+    wrong = sorted(
+        f"{mod} imports {target}"
+        for mod, targets in GRAPH.items()
+        if mod == lower or mod.startswith(lower + ".")
+        for target in targets
+        if target.split(".")[0] in above
+    )
+    assert wrong == []
+
+
+# Pure packages and the project modules each may use: no Django, so they run anywhere.
+PURE = {
+    "forecasting.estimators": ("forecasting.estimators",),
+    "runcast": ("runcast",),
+    "curveset": ("curveset", "forecasting.estimators"),
+}
+
+
+def test_estimators_and_the_client_import_nothing_of_django() -> None:
+    wrong = []
+    for mod, path in MODULES.items():
+        allowed = next(
+            (ok for pkg, ok in PURE.items() if mod == pkg or mod.startswith(pkg + ".")), None
+        )
+        if allowed is None:
+            continue
+        for name in _imports(path):
+            internal = _internal(name)
+            outside = internal is not None and not internal.startswith(allowed)
+            if name.split(".")[0] == "django" or outside:
+                wrong.append(f"{mod} imports {name}")
+    assert wrong == []
