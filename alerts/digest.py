@@ -7,20 +7,19 @@ from zoneinfo import ZoneInfo
 
 from django.template.loader import render_to_string
 
-from alerts.messages import Message, run_url, span, when
+from alerts.messages import Message
 from alerts.selectors import digest_runs
+from forecasting.estimators import formatting as fmt
+from forecasting.estimators.deadline import TONE_WORDS, on_time_tone
+from tracker.links import run_url
 from tracker.models import Project
-
-NONE = "\u2013"  # an en dash: "no value" in tables
 
 
 def _verdict(p_on_time: float | None, p50: float | None, train_by: float | None) -> str:
     if p_on_time is not None:
-        if p_on_time >= 0.9:
-            return "on track"
-        return "at risk" if p_on_time >= 0.5 else "likely late"
+        return TONE_WORDS[on_time_tone(p_on_time)]
     if p50 is not None and train_by is not None:
-        return "on track" if p50 <= train_by else "likely late"
+        return TONE_WORDS["ok"] if p50 <= train_by else TONE_WORDS["bad"]
     return ""
 
 
@@ -38,14 +37,14 @@ def digest_message(*, project: Project, now: datetime) -> Message | None:
                 "name": str(run),
                 "url": run_url(run),
                 "status": run.status,
-                "progress": f"{100 * run.progress:.0f}%" if run.progress is not None else NONE,
+                "progress": f"{100 * run.progress:.0f}%" if run.progress is not None else fmt.NONE,
                 "deadline": deadline.name if deadline else "",
-                "train_by": when(train_by, tz, with_zone=True) if train_by else "",
-                "p50": when(row["p50"], tz, with_zone=True) if row["p50"] else NONE,
-                "p_on_time": f"{100 * p:.0f}%" if isinstance(p, int | float) else NONE,
+                "train_by": fmt.when(train_by, tz) if train_by else "",
+                "p50": fmt.when(row["p50"], tz),
+                "p_on_time": f"{100 * p:.0f}%" if isinstance(p, int | float) else fmt.NONE,
                 "verdict": _verdict(p_num, row["p50"], train_by),
                 "flags": ", ".join(row["open_flags"]),
-                "left": span(row["p50"] - now.timestamp()) if row["p50"] else "",
+                "left": fmt.span(row["p50"] - now.timestamp()) if row["p50"] else "",
             }
         )
     if not rows:

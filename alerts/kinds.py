@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Run endings are not flags: they come from Run.status (tracker's run_finished signal).
-RUN_END_KINDS = ("finished", "failed")
+from forecasting.models import Flag
+
+K = Flag.Kind
 
 
 @dataclass(frozen=True)
 class RuleKind:
     key: str
     label: str
-    # Flag kinds (forecasting.Flag.kind) or run endings this rule covers.
+    # Flag kinds (forecasting.Flag.Kind) or run endings (from Run.status) this rule covers.
     sources: tuple[str, ...]
     default_severity: str = "warning"
     default_threshold: float | None = None
@@ -44,18 +45,18 @@ def _stalled_passes(severity: float | None, data: dict, threshold: float) -> boo
 
 
 RULE_KINDS: tuple[RuleKind, ...] = (
-    RuleKind("nan", "Loss became NaN/Inf", ("nan",), "critical"),
-    RuleKind("spike", "Loss spike", ("spike",), "warning"),
+    RuleKind("nan", "Loss became NaN/Inf", (K.NAN,), "critical"),
+    RuleKind("spike", "Loss spike", (K.SPIKE,), "warning"),
     RuleKind(
         "divergence",
         "Divergence (rise, oscillation, regression)",
-        ("rise", "oscillation", "regression"),
+        tuple(k for k in Flag.DIVERGENCE_KINDS if k not in (K.NAN, K.SPIKE)),
         "critical",
     ),
     RuleKind(
         "stalled",
         "Run stalled or crashed",
-        ("stalled",),
+        (K.STALLED,),
         "critical",
         0.0,
         "minutes of silence before alerting (0: as soon as the run is flagged)",
@@ -64,7 +65,7 @@ RULE_KINDS: tuple[RuleKind, ...] = (
     RuleKind(
         "slip",
         "ETA slipped",
-        ("slip",),
+        (K.SLIP,),
         "warning",
         3.0,
         "hours the P50 finish must have slipped",
@@ -73,7 +74,7 @@ RULE_KINDS: tuple[RuleKind, ...] = (
     RuleKind(
         "deadline",
         "Deadline at risk",
-        ("deadline",),
+        (K.DEADLINE,),
         "critical",
         0.5,
         "alert when the chance of finishing by cutoff minus buffer is below this (0 to 1)",

@@ -7,19 +7,19 @@ estimators that changed), so every read is defensive and a missing number drops 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.conf import settings
 from django.template.loader import render_to_string
 
 from alerts.kinds import BY_KEY
 from alerts.models import Notification
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag, Forecast
+from tracker.links import run_url
 from tracker.models import Run
 
-DIVERGENCE_KINDS = ("nan", "spike", "rise", "oscillation", "regression")
 SEVERITY_MARK = {"info": "\u2139\ufe0f", "warning": "\u26a0\ufe0f", "critical": "\U0001f6a8"}
 
 
@@ -37,10 +37,6 @@ class Message:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-def run_url(run: Run) -> str:
-    return f"{settings.SITE_URL.rstrip('/')}/runs/{run.project.slug}/{run.public_id}/"
-
-
 def _num(data: dict[str, Any], key: str) -> float | None:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -48,50 +44,22 @@ def _num(data: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def when(epoch_s: float | None, tz: tzinfo, *, with_zone: bool = False) -> str:
-    if epoch_s is None:
-        return "?"
-    moment = datetime.fromtimestamp(epoch_s, tz=tz)
-    return moment.strftime("%m-%d %H:%M %Z" if with_zone else "%m-%d %H:%M")
-
-
-def span(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = abs(seconds)
-    if seconds >= 86400:
-        days = seconds / 86400
-        return f"{days:.0f} d" if days == int(days) else f"{days:.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
-
-
-def step(value: float | None) -> str:
-    return "?" if value is None else f"{value:,.0f}"
-
-
-def money(amount: float | None, currency: str) -> str | None:
-    if amount is None:
-        return None
-    symbol = {"USD": "$", "EUR": "€", "GBP": "£"}.get(currency)
-    return f"{symbol}{amount:,.0f}" if symbol else f"{amount:,.0f} {currency}"
-
-
 def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     gpus = run.world_size
     return {
-        "onset": step(_num(data, "onset_step")) if _num(data, "onset_step") is not None else None,
-        "detected": step(_num(data, "detected_step")) if _num(data, "detected_step") else None,
-        "rollback": step(_num(data, "rollback_step")) if _num(data, "rollback_step") else None,
-        "regression_to": step(_num(data, "regression_to_step"))
+        "onset": fmt.steps(_num(data, "onset_step"))
+        if _num(data, "onset_step") is not None
+        else None,
+        "detected": fmt.steps(_num(data, "detected_step")) if _num(data, "detected_step") else None,
+        "rollback": fmt.steps(_num(data, "rollback_step")) if _num(data, "rollback_step") else None,
+        "regression_to": fmt.steps(_num(data, "regression_to_step"))
         if _num(data, "regression_to_step") is not None
         else None,
-        "wasted": span(_num(data, "wasted_s")) if _num(data, "wasted_s") is not None else None,
+        "wasted": fmt.span(_num(data, "wasted_s")) if _num(data, "wasted_s") is not None else None,
         "gpus": gpus,
-        "cost": money(_num(data, "cost"), run.project.currency),
+        "cost": fmt.money(cost, run.project.currency)
+        if (cost := _num(data, "cost")) is not None
+        else None,
         "layers_first": ", ".join(str(x) for x in data.get("layers_first") or [])[:200],
     }
 
@@ -121,7 +89,7 @@ def _deadline_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str,
         "deadline": data.get("deadline") if isinstance(data.get("deadline"), str) else None,
         "p_pct": None if p is None else f"{100 * p:.0f}%",
         "speedup_pct": f"{100 * speedup:.0f}%" if speedup else None,
-        "steps_cut": step(cut) if cut else None,
+        "steps_cut": fmt.steps(cut) if cut else None,
         "p50_from": None,
         "p50_to": None,
     }
@@ -130,25 +98,25 @@ def _deadline_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str,
         dtz = ZoneInfo(deadline.timezone)
         ctx.update(
             deadline=deadline.name,
-            cutoff=when(deadline.cutoff.timestamp(), dtz, with_zone=True),
-            buffer=span(deadline.buffer.total_seconds()) if deadline.buffer else None,
-            train_by=when(deadline.train_by.timestamp(), dtz, with_zone=True),
+            cutoff=fmt.when(deadline.cutoff.timestamp(), dtz),
+            buffer=fmt.span(deadline.buffer.total_seconds()) if deadline.buffer else None,
+            train_by=fmt.when(deadline.train_by.timestamp(), dtz),
         )
         tz = dtz
     if latest is not None:
-        ctx["p50_to"] = when(latest, tz)
+        ctx["p50_to"] = fmt.when(latest, tz)
         if before is not None and abs(latest - before) >= 60:
-            ctx["p50_from"] = when(before, tz)
+            ctx["p50_from"] = fmt.when(before, tz)
     return ctx
 
 
 def _slip_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     tz = run.project.tzinfo
     return {
-        "from": when(_num(data, "from_finish"), tz) if _num(data, "from_finish") else None,
-        "to": when(_num(data, "to_finish"), tz) if _num(data, "to_finish") else None,
-        "amount": span(_num(data, "amount_s")) if _num(data, "amount_s") is not None else None,
-        "window": span(_num(data, "window_s")) if _num(data, "window_s") is not None else None,
+        "from": fmt.when(_num(data, "from_finish"), tz) if _num(data, "from_finish") else None,
+        "to": fmt.when(_num(data, "to_finish"), tz) if _num(data, "to_finish") else None,
+        "amount": fmt.span(_num(data, "amount_s")) if _num(data, "amount_s") is not None else None,
+        "window": fmt.span(_num(data, "window_s")) if _num(data, "window_s") is not None else None,
     }
 
 
@@ -157,8 +125,8 @@ def _stalled_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     usual = _num(data, "usual_interval_s")
     return {
         "crashed": data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED,
-        "silent": span(silent) if silent is not None else None,
-        "usual": span(usual) if usual is not None else None,
+        "silent": fmt.span(silent) if silent is not None else None,
+        "usual": fmt.span(usual) if usual is not None else None,
     }
 
 
@@ -166,9 +134,9 @@ def _end_context(run: Run) -> dict[str, Any]:
     duration = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
     return {
         "status": run.status,
-        "last_step": step(run.last_step) if run.last_step is not None else None,
-        "total_steps": step(run.total_steps) if run.total_steps else None,
-        "duration": span(duration) if duration is not None else None,
+        "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
+        "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
+        "duration": fmt.span(duration) if duration is not None else None,
     }
 
 
@@ -190,9 +158,9 @@ def context_for(
         "mark": SEVERITY_MARK.get(severity, ""),
         "explanation": flag.explanation if flag is not None else "",
         "url": run_url(run),
-        "when": when(at.timestamp(), run.project.tzinfo, with_zone=True),
+        "when": fmt.when(at.timestamp(), run.project.tzinfo),
     }
-    if kind in DIVERGENCE_KINDS:
+    if kind in Flag.DIVERGENCE_KINDS:
         ctx["d"] = _divergence_context(run, data)
     elif kind == "deadline":
         ctx["d"] = _deadline_context(run, data, at)

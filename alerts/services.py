@@ -25,6 +25,7 @@ from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.transports import TransportError, transport_for
 from forecasting.models import Flag
+from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
 
 logger = logging.getLogger(__name__)
@@ -133,19 +134,13 @@ def channel_test(*, channel: Channel) -> str | None:
     """
     project = channel.project
     message = message_for_test(
-        run_name="test-run", project=project, url=f"{_site()}/projects/{project.slug}/alerts/"
+        run_name="test-run", project=project, url=project_alerts_url(project)
     )
     try:
         transport_for(channel).notify(message)
     except TransportError as e:
         return e.message
     return None
-
-
-def _site() -> str:
-    from django.conf import settings
-
-    return settings.SITE_URL.rstrip("/")
 
 
 def rule_update(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from forecasting.board import Board, RunOutlook
+from forecasting.estimators.deadline import on_time_tone
 from tracker.models import Deadline
 
 # Tick spacings the axis may use, in seconds: the first that gives at most MAX_TICKS wins.
@@ -43,9 +44,7 @@ def tone(o: RunOutlook) -> str:
         return "done"
     if o.p_on_time is None:
         return "info" if o.run.deadline_id is None else "unknown"
-    if o.p_on_time >= 0.9:
-        return "ok"
-    return "warn" if o.p_on_time >= 0.5 else "bad"
+    return on_time_tone(o.p_on_time)
 
 
 @dataclass

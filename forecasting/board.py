@@ -37,8 +37,6 @@ MOVE_WINDOW = timedelta(hours=24)
 # Runs that ended this recently stay on the board, so "did it make it?" is answered there.
 RECENT_END = timedelta(hours=24)
 BOARD_MAX_RUNS = 500
-# Flag kinds raised on the loss curve: the run page marks their onset on the loss chart.
-LOSS_FLAG_KINDS = ("nan", "spike", "rise", "oscillation", "regression")
 
 
 @dataclass
@@ -69,7 +67,7 @@ class RunOutlook:
 
     @property
     def loss_healthy(self) -> bool:
-        return not any(f.kind in LOSS_FLAG_KINDS for f in self.flags)
+        return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
 
 
 @dataclass
@@ -311,7 +309,7 @@ def run_markers(*, run: Run, limit: int = 500) -> list[Marker]:
             lost = f", {prev - first:,} steps redone" if prev is not None and prev > first else ""
             out.append(Marker("resume", float(first), f"resume #{number - 1}{lost}"))
     for flag in open_flags_by_run([run.pk]).get(run.pk, []):
-        if flag.kind in LOSS_FLAG_KINDS and flag.onset_step is not None:
+        if flag.kind in Flag.DIVERGENCE_KINDS and flag.onset_step is not None:
             out.append(Marker("onset", float(flag.onset_step), f"{flag.kind} onset"))
             rollback = flag.data.get("rollback_step")
             if rollback is not None:

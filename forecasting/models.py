@@ -46,13 +46,35 @@ class Flag(models.Model):
     The current state of (run, kind) is its newest row.
     """
 
+    class Kind(models.TextChoices):
+        # Found on the loss curve by forecasting.estimators.divergence.
+        NAN = "nan", "loss NaN/Inf"
+        SPIKE = "spike", "loss spike"
+        RISE = "rise", "loss rising"
+        OSCILLATION = "oscillation", "loss oscillating"
+        REGRESSION = "regression", "loss regressed"
+        # Found on the ETA and the deadline risk.
+        SLIP = "slip", "ETA slipping"
+        DEADLINE = "deadline", "deadline at risk"
+        # Found by the liveness sweep.
+        STALLED = "stalled", "stalled or crashed"
+
     class State(models.TextChoices):
         RAISED = "raised"
         UPDATED = "updated"
         RESOLVED = "resolved"
 
+    # Kinds raised on the loss curve: the run page marks their onset on the loss chart.
+    DIVERGENCE_KINDS: tuple[str, ...] = (
+        Kind.NAN,
+        Kind.SPIKE,
+        Kind.RISE,
+        Kind.OSCILLATION,
+        Kind.REGRESSION,
+    )
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="flags")
-    kind = models.CharField(max_length=32)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
     state = models.CharField(max_length=16, choices=State.choices)
     previous_state = models.CharField(max_length=16, blank=True)
     severity = models.FloatField(null=True)

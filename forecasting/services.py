@@ -30,9 +30,8 @@ logger = logging.getLogger(__name__)
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
 # Forecast inputs are thinned to this many points; the estimators bin further themselves.
 MAX_INPUT_POINTS = 200_000
-FLAG_KINDS_FROM_DIVERGENCE = ("nan", "spike", "rise", "oscillation", "regression")
 # Kinds forecast_compute owns (resolves when absent); "stalled" belongs to the liveness sweep.
-FORECAST_FLAG_KINDS = (*FLAG_KINDS_FROM_DIVERGENCE, "slip", "deadline")
+FORECAST_FLAG_KINDS = (*Flag.DIVERGENCE_KINDS, Flag.Kind.SLIP, Flag.Kind.DEADLINE)
 
 
 @dataclass
@@ -91,7 +90,7 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
             if eta_conditions is None and run.is_active:
                 # No ETA this time (e.g. too few points right after a resume): that says
                 # nothing about the deadline or the slip, so their open flags stay as they are.
-                kinds = FLAG_KINDS_FROM_DIVERGENCE
+                kinds = Flag.DIVERGENCE_KINDS
             conditions += eta_conditions or []
             if loss_key is not None:
                 # The progress series is the loss series: resolve it in memory, not reload it.
@@ -169,7 +168,9 @@ def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
     if slip is None or not slip.slipping:
         return []
     return [
-        Condition("slip", f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict())
+        Condition(
+            Flag.Kind.SLIP, f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict()
+        )
     ]
 
 
@@ -183,7 +184,7 @@ def _deadline_condition(
     if risk.p_on_time >= th.FLAG_DEADLINE_AT_RISK_P:
         return []
     text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
-    return [Condition("deadline", text, 1.0 - risk.p_on_time, None, data)]
+    return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)]
 
 
 def _loss_and_divergence(
@@ -266,9 +267,9 @@ def flags_sync(
 
 def _band(kind: str, data: dict[str, Any]) -> int | None:
     """Which severity band a condition is in, for kinds whose worsening is news by itself."""
-    if kind == "deadline" and isinstance(data.get("p_on_time"), int | float):
+    if kind == Flag.Kind.DEADLINE and isinstance(data.get("p_on_time"), int | float):
         return sum(data["p_on_time"] < b for b in th.FLAG_DEADLINE_BANDS)
-    if kind == "slip" and isinstance(data.get("amount_s"), int | float):
+    if kind == Flag.Kind.SLIP and isinstance(data.get("amount_s"), int | float):
         return int(math.log2(max(1.0, data["amount_s"] / th.FLAG_SLIP_BAND_BASE_S)))
     return None
 
@@ -323,6 +324,6 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
         status = Run.Status.CRASHED if stall.kind == "no_heartbeat" else Run.Status.STALLED
         Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE_STATUSES).update(status=status)
         conditions.append(
-            Condition("stalled", stall.explanation, stall.silent_s, None, stall.to_dict())
+            Condition(Flag.Kind.STALLED, stall.explanation, stall.silent_s, None, stall.to_dict())
         )
-    return flags_sync(run=run, conditions=conditions, kinds=("stalled",), now=now)
+    return flags_sync(run=run, conditions=conditions, kinds=(Flag.Kind.STALLED,), now=now)

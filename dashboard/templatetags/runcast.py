@@ -7,25 +7,17 @@ from datetime import UTC, datetime
 
 from django import template
 
+from forecasting.estimators import formatting as fmt
+from forecasting.estimators.deadline import on_time_tone
+
 register = template.Library()
 
-# Printed where a value is unknown: an en dash, as typeset tables do.
-NONE = "\u2013"
+NONE = fmt.NONE
 
 
 @register.filter
 def span(seconds: float | None) -> str:
-    """6 h, 2 d, 12 min: the largest unit that reads naturally."""
-    if seconds is None or not math.isfinite(seconds):
-        return NONE
-    s = abs(seconds)
-    if s >= 2 * 86400:
-        return f"{s / 86400:.0f} d"
-    if s >= 3600:
-        return f"{s / 3600:.1f} h".replace(".0 h", " h")
-    if s >= 60:
-        return f"{s / 60:.0f} min"
-    return f"{s:.0f} s"
+    return fmt.span(seconds)
 
 
 @register.filter
@@ -54,11 +46,7 @@ def signed_pct(value: float | None) -> str:
 
 @register.filter
 def money(value: float | None, currency: str = "USD") -> str:
-    if value is None:
-        return NONE
-    symbol = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "CNY": "¥"}.get(currency)
-    amount = f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
-    return f"{symbol}{amount}" if symbol else f"{amount} {currency}"
+    return fmt.money(value, currency)
 
 
 @register.filter
@@ -84,6 +72,12 @@ def utc(epoch: float | None) -> str:
     if epoch is None:
         return NONE
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%a %d %b %H:%M UTC")
+
+
+@register.filter
+def tone(p_on_time: float | None) -> str:
+    """ok / warn / bad for a chance of making the cutoff ("" when unknown)."""
+    return "" if p_on_time is None else on_time_tone(p_on_time)
 
 
 @register.filter

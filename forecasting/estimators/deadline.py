@@ -8,10 +8,18 @@ from dataclasses import dataclass
 from scipy.stats import norm
 
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.eta import EtaForecast
+from forecasting.estimators.eta import Z90, EtaForecast
 from forecasting.estimators.jsonable import as_json
 
-_Z90 = 1.2815515655446004
+# How a chance of making the cutoff reads: ok (on track), warn (at risk), bad (likely late).
+TONE_WORDS = {"ok": "on track", "warn": "at risk", "bad": "likely late"}
+
+
+def on_time_tone(p_on_time: float) -> str:
+    """The one tone rule: ok at the planning target or above, bad below likely-late."""
+    if p_on_time >= th.DEADLINE_TARGET_P:
+        return "ok"
+    return "warn" if p_on_time >= th.DEADLINE_LIKELY_LATE_P else "bad"
 
 
 @dataclass
@@ -34,7 +42,7 @@ def _p_before(eta: EtaForecast, budget: float) -> float:
         return 1.0
     x = math.log(budget / eta.wall_p50)
     edge = eta.wall_p90 if x > 0 else eta.wall_p10
-    sigma = abs(math.log(max(edge, 1e-9) / eta.wall_p50)) / _Z90
+    sigma = abs(math.log(max(edge, 1e-9) / eta.wall_p50)) / Z90
     if sigma < 1e-9:
         return 1.0 if x >= 0 else 0.0
     return float(norm.cdf(x / sigma))

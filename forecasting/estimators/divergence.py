@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.formatting import span
 from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, keep_latest
 
@@ -356,7 +357,7 @@ def _annotate(flag: DivergenceFlag, ctx: _Context) -> None:
         flag.layers_first = first_moving_layers(ctx.grad_norms, flag.onset_step, flag.detected_step)
     if flag.wasted_s is not None:
         cost = f", about {flag.cost:,.2f} in GPU cost" if flag.cost is not None else ""
-        flag.explanation += f" {_duration(flag.wasted_s)} of training since onset{cost}."
+        flag.explanation += f" {span(flag.wasted_s)} of training since onset{cost}."
     if flag.rollback_step is not None:
         flag.explanation += f" Last checkpoint before onset: step {flag.rollback_step:,.0f}."
 
@@ -383,19 +384,9 @@ def _add_time_ago(flag: DivergenceFlag, ctx: _Context, end_time: float | None) -
     then = _time_at(ctx, step)
     if then is None or end_time is None:
         return
-    ago = _duration(max(0.0, end_time - then))
+    ago = span(max(0.0, end_time - then))
     old = f"its level of step {step:,.0f}"
     flag.explanation = flag.explanation.replace(old, f"its level of {ago} ago (step {step:,.0f})")
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 2 * 86400:
-        return f"{seconds / 86400:.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
 
 
 def first_moving_layers(

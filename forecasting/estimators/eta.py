@@ -27,7 +27,7 @@ import numpy as np
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import plain
 
-_Z90 = 1.2815515655446004  # standard normal quantile of 0.9
+Z90 = 1.2815515655446004  # standard normal quantile of 0.9
 _TREND_MAX_BINS = 100  # Theil-Sen is quadratic: fit the trend on at most this many super-bins
 
 
@@ -448,7 +448,7 @@ def forecast_eta(
     ratio = remaining / observed if observed > 0 else 10.0
     unit = _sigma_per_ratio(units)
     sigma = min(th.ETA_SIGMA_MAX, math.hypot(th.ETA_SIGMA_FLOOR, unit * ratio))
-    spread = math.exp(_Z90 * sigma)
+    spread = math.exp(Z90 * sigma)
     comp_q = np.array([compute / spread, compute, compute * spread])
     wall_q = _wall_quantiles(compute, sigma, tl, float(t[-1] - t[0]) + silence)
     # Sampling noise must not put the wall clock ahead of the compute it contains.

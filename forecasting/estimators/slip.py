@@ -8,11 +8,12 @@ judged on the same relative scale.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, tzinfo
+from datetime import tzinfo
 
 import numpy as np
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.formatting import span, when
 from forecasting.estimators.jsonable import as_json
 
 
@@ -28,22 +29,6 @@ class SlipResult:
 
     def to_dict(self) -> dict[str, float | bool | str | None]:
         return as_json(self)
-
-
-def format_when(epoch_s: float, tz: tzinfo | None = None, *, with_time: bool = True) -> str:
-    """'06-03 11:40' in the given timezone (UTC by default): short, for explanations."""
-    moment = datetime.fromtimestamp(epoch_s, tz=tz or UTC)
-    return moment.strftime("%m-%d %H:%M" if with_time else "%m-%d")
-
-
-def format_span(seconds: float) -> str:
-    """'2 days', '5 h', '12 min', '40 s': the largest unit that gives a number >= 1."""
-    seconds = abs(seconds)
-    for unit, size in (("day", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= size:
-            n = round(seconds / size)
-            return f"{n} {unit}{'s' if unit == 'day' and n != 1 else ''}"
-    return f"{round(seconds)} s"
 
 
 def _window(times: np.ndarray, finishes: np.ndarray) -> float:
@@ -80,14 +65,14 @@ def detect_slip(
     amount = to_finish - from_finish
     remaining = max(from_finish - since, 1.0)
     slipping = amount > max(th.SLIP_MIN_S, th.SLIP_REL_THRESHOLD * remaining)
-    span = format_span(now - since)
+    over = span(now - since)
     if slipping:
         text = (
-            f"finish slipped from {format_when(from_finish, tz)} to {format_when(to_finish, tz)}"
-            f" over {span} (+{format_span(amount)})"
+            f"finish slipped from {when(from_finish, tz)} to {when(to_finish, tz)}"
+            f" over {over} (+{span(amount)})"
         )
     else:
-        text = f"finish steady at {format_when(to_finish, tz)} over the last {format_span(window)}"
+        text = f"finish steady at {when(to_finish, tz)} over the last {span(window)}"
     return SlipResult(
         slipping=bool(slipping),
         from_finish=from_finish,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecasting.estimators import thresholds as th
+from forecasting.estimators.formatting import span
 from forecasting.estimators.jsonable import as_json
-from forecasting.estimators.slip import format_span
 
 
 @dataclass
@@ -66,7 +66,7 @@ def detect_stall(
         usual = _usual_interval(alive)
         silent = now - float(alive.max())
         if usual is not None and silent > _limit(usual):
-            text = f"no heartbeat for {format_span(silent)} (usually every {format_span(usual)})"
+            text = f"no heartbeat for {span(silent)} (usually every {span(usual)})"
             return StallResult(True, float(silent), usual, "no_heartbeat", text)
     if moved.size >= 3:
         usual = _usual_interval(moved)
@@ -74,14 +74,12 @@ def detect_stall(
         if usual is not None:
             stalled = bool(silent > _limit(usual))
             verb = "alive but no progress" if stalled else "progressing"
-            text = (
-                f"{verb}: last step {format_span(silent)} ago (usually every {format_span(usual)})"
-            )
+            text = f"{verb}: last step {span(silent)} ago (usually every {span(usual)})"
             return StallResult(stalled, float(silent), usual, "no_progress", text)
     if alive.size >= 3:
         usual = _usual_interval(alive)
         if usual is not None:
             silent = now - float(alive.max())
-            text = f"heartbeat {format_span(silent)} ago (usually every {format_span(usual)})"
+            text = f"heartbeat {span(silent)} ago (usually every {span(usual)})"
             return StallResult(False, float(silent), usual, "no_heartbeat", text)
     return None

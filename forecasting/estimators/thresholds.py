@@ -98,6 +98,9 @@ SLIP_MIN_FORECASTS = 3
 
 # Deadline: the probability the plan targets (P90 = on time in 9 of 10 comparable runs).
 DEADLINE_TARGET_P = 0.9
+# Below this chance of making the cutoff a run reads "likely late" (between it and the target:
+# "at risk"). Pages, the digest and messages all take their tone from deadline.on_time_tone.
+DEADLINE_LIKELY_LATE_P = 0.5
 
 # Stall: silent for more than this many usual intervals ...
 STALL_FACTOR = 5.0

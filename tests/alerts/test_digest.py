@@ -63,7 +63,7 @@ def test_it_emails_owners_a_digest_of_runs_against_deadlines(
     )
     text, html = mailbox.bodies(message)
     assert "post-train-1.0 (running, 25%): blind eval, train by 06-02 09:00 UTC" in text
-    assert "P50 finish 06-03 09:00 UTC (in 4 d); chance on time 12%; likely late" in text
+    assert "P50 finish 06-03 09:00 UTC (in 4 days); chance on time 12%; likely late" in text
     assert "open flags: deadline" in text
     assert 'href="http://testserver/runs/llm/post-train-1.0/"' in html
 

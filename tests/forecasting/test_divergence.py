@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,7 +121,7 @@ def test_regression_reports_time_ago() -> None:
     assert len(reg) == 1
     f = reg[0]
     assert f.regression_to_step is not None and 350 <= f.regression_to_step <= 650
-    assert " h ago (step " in f.explanation
+    assert re.search(r"its level of [\d.]+ (h|days?) ago \(step 5\d\d\)", f.explanation)
     assert 2400 <= f.onset_step <= 2550
 
 

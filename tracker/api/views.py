@@ -6,7 +6,6 @@ import json
 import time
 from typing import Literal
 
-from django.conf import settings
 from django.http import HttpRequest
 from ninja import Router, Status
 
@@ -14,6 +13,7 @@ from tracker import limits, selectors, services
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.parsing import events_from_batch, json_check, series_from_batch
 from tracker.api.schemas import BatchIn, BatchOut, ErrorOut, FinishIn, RunCreateIn, RunOut
+from tracker.links import run_url
 from tracker.models import ApiToken, Run
 
 router = Router(auth=TokenAuth(), tags=["runs"])
@@ -32,7 +32,7 @@ def _run_out(run: Run) -> RunOut:
         last_step=run.last_step,
         total_steps=run.total_steps,
         points=run.points_count,
-        url=f"{settings.SITE_URL}/runs/{run.project.slug}/{run.public_id}/",
+        url=run_url(run),
     )
 
 

@@ -1,0 +1,63 @@
+"""How Runcast writes durations, money, steps and timestamps, everywhere: flag explanations,
+alert messages, the digest and the pages. Django-free, so the estimators use it too.
+
+Times always name their zone: a lead reading "06-03 11:40" cannot tell whose 11:40 it is.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, tzinfo
+
+# Printed where a value is unknown: an en dash, as typeset tables do.
+NONE = "\u2013"
+CURRENCY_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "CNY": "¥"}
+DAY = 86400.0
+
+
+def _trim(value: float) -> str:
+    """One decimal, without a trailing '.0'."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def span(seconds: float | None) -> str:
+    """'40 s', '12 min', '6.5 h', '1 day', '5.2 days', '12 days': the largest natural unit."""
+    if seconds is None or not math.isfinite(seconds):
+        return NONE
+    s = abs(seconds)
+    if s >= DAY:
+        days = s / DAY
+        text = f"{days:.0f}" if days >= 10 else _trim(days)
+        return f"{text} day" if text == "1" else f"{text} days"
+    if s >= 3600:
+        return f"{_trim(s / 3600)} h"
+    if s >= 60:
+        return f"{s / 60:.0f} min"
+    return f"{s:.0f} s"
+
+
+def when(
+    epoch_s: float | None, tz: tzinfo | None = None, *, zone: bool = True, time: bool = True
+) -> str:
+    """'06-03 11:40 CEST' in the given zone (UTC by default), named unless `zone=False`."""
+    if epoch_s is None or not math.isfinite(epoch_s):
+        return NONE
+    moment = datetime.fromtimestamp(epoch_s, tz=tz or UTC)
+    fmt = "%m-%d %H:%M" if time else "%m-%d"
+    return moment.strftime(f"{fmt} %Z" if zone else fmt)
+
+
+def money(amount: float | None, currency: str = "USD") -> str:
+    """'$159,744', '$3.20', '120 CHF': whole units from 100 up, cents below."""
+    if amount is None or not math.isfinite(amount):
+        return NONE
+    text = f"{amount:,.0f}" if abs(amount) >= 100 else f"{amount:,.2f}"
+    symbol = CURRENCY_SYMBOLS.get(currency)
+    return f"{symbol}{text}" if symbol else f"{text} {currency}"
+
+
+def steps(value: float | None) -> str:
+    """'41,200'."""
+    if value is None or not math.isfinite(value):
+        return NONE
+    return f"{value:,.0f}"
