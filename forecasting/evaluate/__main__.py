@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from forecasting.evaluate.data import CurveRun, load_runs
+from curveset import CurveRun, load_runs
 from forecasting.evaluate.eta_eval import evaluate_eta
 
 Evaluator = Callable[[list[CurveRun], int], tuple[dict, str]]

@@ -24,9 +24,9 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
+from curveset import CurveRun
 from forecasting.estimators.divergence import detect_divergence, spike_alarms
 from forecasting.estimators.smoothing import clean_series
-from forecasting.evaluate.data import CurveRun
 from forecasting.evaluate.injection import (
     NATURAL_EVENT_TYPES,
     inject_nan,

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from curveset import load_runs
 from forecasting.evaluate import __main__ as cli
-from forecasting.evaluate.data import load_runs
 from forecasting.evaluate.eta_eval import CUTOFFS, METHODS, evaluate_eta, run_timeline
 from forecasting.evaluate.faults import inject_faults, run_rng
 

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from curveset import CurveRun
 from forecasting.evaluate import divergence_eval as de
 from forecasting.evaluate import loss_eval as le
-from forecasting.evaluate.data import CurveRun
 from forecasting.evaluate.injection import inject_nan, inject_spikes, natural_mask, run_rng
 
 CURVES = Path("/work/shared/data/curves")
@@ -102,7 +102,7 @@ def test_evaluate_divergence_on_synthetic_runs() -> None:
 
 @pytest.mark.skipif(not CURVES.exists(), reason="shared curve set not available")
 def test_real_subset_goals() -> None:
-    from forecasting.evaluate.data import load_runs
+    from curveset import load_runs
 
     runs = [r for r in load_runs(CURVES) if "megatron-lm" in r.file or "2024-11-06" in r.file]
     assert runs
