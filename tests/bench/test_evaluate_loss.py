@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.evaluate import divergence_eval as de
+from bench.evaluate import loss_eval as le
+from bench.evaluate.injection import inject_nan, inject_spikes, natural_mask, run_rng
 from curveset import CurveRun
-from forecasting.evaluate import divergence_eval as de
-from forecasting.evaluate import loss_eval as le
-from forecasting.evaluate.injection import inject_nan, inject_spikes, natural_mask, run_rng
 
 CURVES = Path("/work/shared/data/curves")
 
