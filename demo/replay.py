@@ -16,7 +16,7 @@ from pathlib import Path
 
 import runcast
 
-from forecasting.evaluate.data import CurveRow, curve_rows
+from curveset import CurveRow, curve_rows
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 log = logging.getLogger("demo.replay")

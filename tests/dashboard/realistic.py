@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from curveset import CurveRow, curve_rows
 from forecasting import receivers
-from forecasting.evaluate.data import CurveRow, curve_rows
 from forecasting.services import forecast_compute
 from tracker.models import Deadline, Event, Project, Run
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start

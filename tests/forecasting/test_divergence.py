@@ -172,7 +172,7 @@ def test_million_points_runs() -> None:
 
 @pytest.mark.skipif(not CURVES.exists(), reason="shared curve set not available")
 def test_real_documented_spikes_detected_and_clean_curve_quiet() -> None:
-    from forecasting.evaluate.data import load_runs
+    from curveset import load_runs
 
     runs = load_runs(CURVES)
     bloom = next(r for r in runs if "tr1-13B" in r.file)

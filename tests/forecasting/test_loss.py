@@ -135,7 +135,7 @@ def test_million_points_runs() -> None:
 
 @pytest.mark.skipif(not CURVES.exists(), reason="shared curve set not available")
 def test_real_curve_forecast_is_sane() -> None:
-    from forecasting.evaluate.data import load_runs
+    from curveset import load_runs
 
     runs = [r for r in load_runs(CURVES) if "ShortcutsTweaks" in r.file][:1]
     assert runs

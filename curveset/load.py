@@ -1,6 +1,7 @@
 """Load a directory of runs in the shared curve format (INDEX.csv, EVENTS.csv, runs/*.csv).
 
-Pure pandas: no Django, so the evaluation runs anywhere the estimators do.
+Pure pandas: no Django, so the evaluation, the demo and test fixtures run anywhere the
+estimators do.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from curveset import CurveRun
 from forecasting.estimators.loss import (
     fit_power_law,
     forecast_loss,
@@ -27,7 +28,6 @@ from forecasting.estimators.loss import (
     smoothed_level,
 )
 from forecasting.estimators.smoothing import clean_series
-from forecasting.evaluate.data import CurveRun
 
 CUTOFFS = (0.10, 0.25, 0.50, 0.75, 0.90)
 METHODS = ("runcast", "last_smoothed", "power_law")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from forecasting.evaluate.data import curve_rows
+from curveset import curve_rows
 
 DEMO = Path(__file__).resolve().parents[2] / "demo" / "data"
 

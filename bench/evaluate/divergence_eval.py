@@ -24,16 +24,16 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from forecasting.estimators.divergence import detect_divergence, spike_alarms
-from forecasting.estimators.smoothing import clean_series
-from forecasting.evaluate.data import CurveRun
-from forecasting.evaluate.injection import (
+from bench.evaluate.injection import (
     NATURAL_EVENT_TYPES,
     inject_nan,
     inject_spikes,
     natural_mask,
     run_rng,
 )
+from curveset import CurveRun
+from forecasting.estimators.divergence import detect_divergence, spike_alarms
+from forecasting.estimators.smoothing import clean_series
 
 METHODS = ("runcast", "megatron", "llm_foundry")
 CUTOFFS = (0.10, 0.25, 0.50, 0.75, 0.90)

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecasting.evaluate import divergence_eval as de
-from forecasting.evaluate import loss_eval as le
-from forecasting.evaluate.data import CurveRun
-from forecasting.evaluate.injection import inject_nan, inject_spikes, natural_mask, run_rng
+from bench.evaluate import divergence_eval as de
+from bench.evaluate import loss_eval as le
+from bench.evaluate.injection import inject_nan, inject_spikes, natural_mask, run_rng
+from curveset import CurveRun
 
 CURVES = Path("/work/shared/data/curves")
 
@@ -102,7 +102,7 @@ def test_evaluate_divergence_on_synthetic_runs() -> None:
 
 @pytest.mark.skipif(not CURVES.exists(), reason="shared curve set not available")
 def test_real_subset_goals() -> None:
-    from forecasting.evaluate.data import load_runs
+    from curveset import load_runs
 
     runs = [r for r in load_runs(CURVES) if "megatron-lm" in r.file or "2024-11-06" in r.file]
     assert runs

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.evaluate.faults import inject_faults, run_rng
+from curveset import CurveRun, run_timeline
 from forecasting.estimators.baselines import BASELINES
 from forecasting.estimators.eta import forecast_eta
-from forecasting.evaluate.data import CurveRun, run_timeline
-from forecasting.evaluate.faults import inject_faults, run_rng
 
 CUTOFFS = (10, 25, 50, 75, 90)
 METHODS = ("runcast", *BASELINES)

@@ -1,4 +1,4 @@
-"""`python -m forecasting.evaluate DIR [--json] [--seed N]`: score every forecaster on a run set.
+"""`python -m bench.evaluate DIR [--json] [--seed N]`: score every forecaster on a run set.
 
 Prints the tables; with --json the last line is one JSON object with every figure (ETA here,
 loss and divergence from their own modules when those are installed).
@@ -14,15 +14,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from forecasting.evaluate.data import CurveRun, load_runs
-from forecasting.evaluate.eta_eval import evaluate_eta
+from bench.evaluate.eta_eval import evaluate_eta
+from curveset import CurveRun, load_runs
 
 Evaluator = Callable[[list[CurveRun], int], tuple[dict, str]]
 
 # Evaluated by other modules; a missing one is reported and skipped, never fatal.
 OPTIONAL = (
-    ("forecasting.evaluate.loss_eval", "evaluate_loss"),
-    ("forecasting.evaluate.divergence_eval", "evaluate_divergence"),
+    ("bench.evaluate.loss_eval", "evaluate_loss"),
+    ("bench.evaluate.divergence_eval", "evaluate_divergence"),
 )
 
 
@@ -50,7 +50,7 @@ def _clean_json(value: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forecasting.evaluate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.evaluate", description=__doc__)
     parser.add_argument("directory", help="run set: INDEX.csv, EVENTS.csv, runs/*.csv")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--seed", type=int, default=0, help="seed for injected faults")

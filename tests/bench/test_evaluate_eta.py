@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecasting.evaluate import __main__ as cli
-from forecasting.evaluate.data import load_runs
-from forecasting.evaluate.eta_eval import CUTOFFS, METHODS, evaluate_eta, run_timeline
-from forecasting.evaluate.faults import inject_faults, run_rng
+from bench.evaluate import __main__ as cli
+from bench.evaluate.eta_eval import CUTOFFS, METHODS, evaluate_eta, run_timeline
+from bench.evaluate.faults import inject_faults, run_rng
+from curveset import load_runs
 
 CURVES = Path(os.environ.get("RUNCAST_CURVES", "/work/shared/data/curves"))
 needs_curves = pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
@@ -92,7 +92,7 @@ def test_evaluate_eta_structure(small_set: Path) -> None:
 
 @needs_curves
 def test_cli_json_last_line(small_set: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    missing = (("forecasting.evaluate.no_such_module", "evaluate_nothing"),)
+    missing = (("bench.evaluate.no_such_module", "evaluate_nothing"),)
     original = cli.OPTIONAL
     cli.OPTIONAL = missing  # type: ignore[assignment]
     try:
