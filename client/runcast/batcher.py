@@ -17,7 +17,10 @@ logger = logging.getLogger("runcast")
 # Numbers per json.dumps() call when encoding a batch (see Batcher._encode).
 _CHUNK = 1_000
 
-EVENT_KINDS = frozenset({"checkpoint", "eval", "resume", "lr_change", "arch_change", "custom"})
+# The server's Event.Kind (tracker/models.py); tests/client/test_contract.py keeps them equal.
+EVENT_KINDS = frozenset(
+    {"checkpoint", "eval", "resume", "restart", "lr_change", "arch_change", "custom"}
+)
 
 # The server's per-entry and per-batch limits (tracker/limits.py, tracker/api/schemas.py).
 # It answers a whole batch that breaks one with a 400/413 and the client drops that batch,
