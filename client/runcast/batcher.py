@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,10 @@ EVENT_KINDS = frozenset(
 # The server's per-entry and per-batch limits (tracker/limits.py, tracker/api/schemas.py).
 # It answers a whole batch that breaks one with a 400/413 and the client drops that batch,
 # so one bad key, step or event must be skipped here instead of costing its neighbours.
-MAX_STEP = 2**62
-MAX_EPOCH_S = float(2**32)  # times are epoch seconds, 1970 to 2106 (not milliseconds)
+# Steps are stored as int64: the server takes -2**62..2**62, negative steps included.
+MAX_ABS_STEP = 2**62
+MIN_EPOCH_S = 0.0  # times are epoch seconds, 1970 to 2106 (not milliseconds)
+MAX_EPOCH_S = float(2**32)
 MAX_KEY_LENGTH = 200
 MAX_KEYS_PER_BATCH = 1_000
 MAX_EVENTS_PER_BATCH = 1_000
@@ -124,22 +127,18 @@ class Batcher:
             self.seal()
 
     def _step(self, step: Any) -> int | None:
-        if step.__class__ is int and 0 <= step <= MAX_STEP:
-            return step
-        try:
-            as_float = float(step)
-            if as_float.is_integer() and 0 <= as_float <= MAX_STEP:
-                return int(as_float)
-        except (TypeError, ValueError, OverflowError):
-            pass
+        number = step if step.__class__ is int else _integer(step)
+        if number is not None and -MAX_ABS_STEP <= number <= MAX_ABS_STEP:
+            return number
         self._warn(
-            "step", f"invalid step {_short(step)}; expected an int in [0, 2**62], entry skipped"
+            "step",
+            f"invalid step {_short(step)}; expected an int in [-2**62, 2**62], entry skipped",
         )
         self.skipped += 1
         return None
 
     def _valid_time(self, when: float) -> bool:
-        if 0.0 <= when <= MAX_EPOCH_S:  # NaN fails both
+        if MIN_EPOCH_S <= when <= MAX_EPOCH_S:  # NaN fails both
             return True
         self._warn("time", f"invalid time {_short(when)}; expected epoch seconds, entry skipped")
         self.skipped += 1
@@ -305,6 +304,20 @@ def _rebuild(items: list[tuple[str | None, Any]], heartbeat: float | None) -> tu
         column["values"].append(item[1])
         column["times"].append(item[2])
     return metrics, events, heartbeat
+
+
+def _integer(step: Any) -> int | None:
+    """The exact int of a numpy / torch integer (or a whole float); None for anything else."""
+    try:
+        # __index__ first: float() would round an int64 above 2**53 to a different step.
+        return operator.index(step)
+    except TypeError:
+        pass
+    try:
+        as_float = float(step)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(as_float) if as_float.is_integer() else None
 
 
 def _short(value: Any) -> str:

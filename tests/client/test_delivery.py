@@ -234,7 +234,7 @@ def test_log_never_raises_on_garbage(
         ({"loss": {"nested": 1.0}}, None),
         ({1: 1.0, "": 2.0, None: 3.0}, None),
         ({"loss": 1.0}, "abc"),
-        ({"loss": 1.0}, -5),
+        ({"loss": 1.0}, -(2**62) - 1),  # beyond int64 storage (negative steps are fine)
         ({"loss": 1.0}, 2.5),
         ({"loss": 1.0}, object()),
         ({"loss": 10**400}, 0),
