@@ -190,10 +190,15 @@ class Batcher:
             kind = "custom"
         try:
             # default=str: Paths, dtypes and the like become strings instead of failing.
-            encoded = json.dumps(payload, default=str)
+            # allow_nan=False: the server cannot store NaN / Infinity in a payload (jsonb).
+            encoded = json.dumps(payload, default=str, allow_nan=False)
             payload = json.loads(encoded)
         except (TypeError, ValueError) as exc:
             self._warn(f"event:{kind}", f"event {kind!r}: payload not JSON ({exc}); skipped")
+            self.skipped += 1
+            return
+        if "\\u0000" in encoded and _has_nul(payload):
+            self._warn(f"event-nul:{kind}", f"event {kind!r}: payload holds a NUL char; skipped")
             self.skipped += 1
             return
         if len(encoded) > MAX_EVENT_PAYLOAD_BYTES:
@@ -318,6 +323,22 @@ def _integer(step: Any) -> int | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return int(as_float) if as_float.is_integer() else None
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether decoded JSON holds U+0000 in a string or key (PostgreSQL cannot store it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _short(value: Any) -> str:
