@@ -54,6 +54,9 @@ class State:
     # Optional hook deciding a batch answer from its body (e.g. reject one seq).
     batch_hook: Callable[[dict], Scripted | None] | None = None
     delay_s: float = 0.0
+    # kind -> gate: requests of that kind are held unanswered until the gate is set.
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+    stalled: int = 0  # requests that have reached a closed gate
 
     def total_points(self) -> int:
         return sum(len(p) for run in self.runs.values() for p in run.points.values())
@@ -80,6 +83,8 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
+        for gate in list(self.state.gates.values()):
+            gate.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -89,6 +94,13 @@ class FakeServer:
                 (only,) = self.state.runs.values()
                 return only
             return self.state.runs[run_id]
+
+    def stall(self, kind: str) -> threading.Event:
+        """Hold every `kind` request unanswered until the returned event is set."""
+        gate = threading.Event()
+        with self.lock:
+            self.state.gates[kind] = gate
+        return gate
 
     def script(self, kind: str, *answers: Scripted) -> None:
         with self.lock:
@@ -124,6 +136,11 @@ class FakeServer:
         if self.state.delay_s:
             time.sleep(self.state.delay_s)
         kind, run_id = _route(path)
+        gate = self.state.gates.get(kind)
+        if gate is not None and not gate.is_set():
+            with self.lock:
+                self.state.stalled += 1
+            gate.wait(60)  # bounded, so a forgotten gate cannot hang the suite
         with self.lock:
             self.state.requests.append((time.time(), kind, len(raw)))
             self.state.auth_headers.append(auth)
