@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +18,18 @@ logger = logging.getLogger("runcast")
 # Numbers per json.dumps() call when encoding a batch (see Batcher._encode).
 _CHUNK = 1_000
 
-EVENT_KINDS = frozenset({"checkpoint", "eval", "resume", "lr_change", "arch_change", "custom"})
+# The server's Event.Kind (tracker/models.py); tests/client/test_contract.py keeps them equal.
+EVENT_KINDS = frozenset(
+    {"checkpoint", "eval", "resume", "restart", "lr_change", "arch_change", "custom"}
+)
 
 # The server's per-entry and per-batch limits (tracker/limits.py, tracker/api/schemas.py).
 # It answers a whole batch that breaks one with a 400/413 and the client drops that batch,
 # so one bad key, step or event must be skipped here instead of costing its neighbours.
-MAX_STEP = 2**62
-MAX_EPOCH_S = float(2**32)  # times are epoch seconds, 1970 to 2106 (not milliseconds)
+# Steps are stored as int64: the server takes -2**62..2**62, negative steps included.
+MAX_ABS_STEP = 2**62
+MIN_EPOCH_S = 0.0  # times are epoch seconds, 1970 to 2106 (not milliseconds)
+MAX_EPOCH_S = float(2**32)
 MAX_KEY_LENGTH = 200
 MAX_KEYS_PER_BATCH = 1_000
 MAX_EVENTS_PER_BATCH = 1_000
@@ -121,22 +127,18 @@ class Batcher:
             self.seal()
 
     def _step(self, step: Any) -> int | None:
-        if step.__class__ is int and 0 <= step <= MAX_STEP:
-            return step
-        try:
-            as_float = float(step)
-            if as_float.is_integer() and 0 <= as_float <= MAX_STEP:
-                return int(as_float)
-        except (TypeError, ValueError, OverflowError):
-            pass
+        number = step if step.__class__ is int else _integer(step)
+        if number is not None and -MAX_ABS_STEP <= number <= MAX_ABS_STEP:
+            return number
         self._warn(
-            "step", f"invalid step {_short(step)}; expected an int in [0, 2**62], entry skipped"
+            "step",
+            f"invalid step {_short(step)}; expected an int in [-2**62, 2**62], entry skipped",
         )
         self.skipped += 1
         return None
 
     def _valid_time(self, when: float) -> bool:
-        if 0.0 <= when <= MAX_EPOCH_S:  # NaN fails both
+        if MIN_EPOCH_S <= when <= MAX_EPOCH_S:  # NaN fails both
             return True
         self._warn("time", f"invalid time {_short(when)}; expected epoch seconds, entry skipped")
         self.skipped += 1
@@ -188,10 +190,15 @@ class Batcher:
             kind = "custom"
         try:
             # default=str: Paths, dtypes and the like become strings instead of failing.
-            encoded = json.dumps(payload, default=str)
+            # allow_nan=False: the server cannot store NaN / Infinity in a payload (jsonb).
+            encoded = json.dumps(payload, default=str, allow_nan=False)
             payload = json.loads(encoded)
         except (TypeError, ValueError) as exc:
             self._warn(f"event:{kind}", f"event {kind!r}: payload not JSON ({exc}); skipped")
+            self.skipped += 1
+            return
+        if "\\u0000" in encoded and _has_nul(payload):
+            self._warn(f"event-nul:{kind}", f"event {kind!r}: payload holds a NUL char; skipped")
             self.skipped += 1
             return
         if len(encoded) > MAX_EVENT_PAYLOAD_BYTES:
@@ -302,6 +309,36 @@ def _rebuild(items: list[tuple[str | None, Any]], heartbeat: float | None) -> tu
         column["values"].append(item[1])
         column["times"].append(item[2])
     return metrics, events, heartbeat
+
+
+def _integer(step: Any) -> int | None:
+    """The exact int of a numpy / torch integer (or a whole float); None for anything else."""
+    try:
+        # __index__ first: float() would round an int64 above 2**53 to a different step.
+        return operator.index(step)
+    except TypeError:
+        pass
+    try:
+        as_float = float(step)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(as_float) if as_float.is_integer() else None
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether decoded JSON holds U+0000 in a string or key (PostgreSQL cannot store it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _short(value: Any) -> str:

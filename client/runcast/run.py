@@ -97,7 +97,7 @@ class Run:
             self._warn_once(f"log:{type(exc).__name__}", f"log() ignored a bad call: {exc!r}")
 
     def event(self, kind: str, step: int | None = None, **payload: Any) -> None:
-        """Queue an event (checkpoint, eval, resume, lr_change, arch_change, custom)."""
+        """Queue an event (checkpoint, eval, resume, restart, lr_change, arch_change, custom)."""
         if self._closed:
             self._warn_once("closed", "event() after finish() is ignored")
             return

@@ -1,4 +1,8 @@
-"""An in-memory Runcast server speaking the /api/v1 contract, on a real local socket."""
+"""An in-memory Runcast server speaking the /api/v1 contract, on a real local socket.
+
+Its limits and enumerations are the real server's (tracker.limits, tracker.models, the API
+schemas), imported rather than copied, so a changed limit reaches the client tests too.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, get_args
+
+from tracker import limits
+from tracker.api.schemas import FinishIn
+from tracker.models import Event
 
 TOKEN = "rc_testprefix_s3cretvalue"
-MAX_POINTS = 50_000
-MAX_BYTES = 8 * 1024 * 1024
-EVENT_KINDS = {"checkpoint", "eval", "resume", "lr_change", "arch_change", "custom"}
+# The real server's contract, not a copy of it (tests/client/test_contract.py checks that the
+# client's own constants equal these).
+EVENT_KINDS = frozenset(Event.Kind.values)
+FINISH_STATUSES = frozenset(get_args(FinishIn.model_fields["status"].annotation))
 
 # A scripted answer: (status, json body, extra headers). Returned instead of the real
 # handling for the next matching request.
@@ -45,6 +54,9 @@ class State:
     # Optional hook deciding a batch answer from its body (e.g. reject one seq).
     batch_hook: Callable[[dict], Scripted | None] | None = None
     delay_s: float = 0.0
+    # kind -> gate: requests of that kind are held unanswered until the gate is set.
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+    stalled: int = 0  # requests that have reached a closed gate
 
     def total_points(self) -> int:
         return sum(len(p) for run in self.runs.values() for p in run.points.values())
@@ -71,6 +83,8 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
+        for gate in list(self.state.gates.values()):
+            gate.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -80,6 +94,13 @@ class FakeServer:
                 (only,) = self.state.runs.values()
                 return only
             return self.state.runs[run_id]
+
+    def stall(self, kind: str) -> threading.Event:
+        """Hold every `kind` request unanswered until the returned event is set."""
+        gate = threading.Event()
+        with self.lock:
+            self.state.gates[kind] = gate
+        return gate
 
     def script(self, kind: str, *answers: Scripted) -> None:
         with self.lock:
@@ -115,6 +136,11 @@ class FakeServer:
         if self.state.delay_s:
             time.sleep(self.state.delay_s)
         kind, run_id = _route(path)
+        gate = self.state.gates.get(kind)
+        if gate is not None and not gate.is_set():
+            with self.lock:
+                self.state.stalled += 1
+            gate.wait(60)  # bounded, so a forgotten gate cannot hang the suite
         with self.lock:
             self.state.requests.append((time.time(), kind, len(raw)))
             self.state.auth_headers.append(auth)
@@ -124,7 +150,7 @@ class FakeServer:
                 return scripted.pop(0)
             if auth != f"Bearer {TOKEN}":
                 return 401, {"error": "invalid token"}, {}
-            if len(raw) > MAX_BYTES:
+            if len(raw) > limits.MAX_REQUEST_BYTES:
                 return 413, {"error": "body too large"}, {}
             try:
                 body = json.loads(raw)
@@ -141,6 +167,8 @@ class FakeServer:
         if kind == "batch":
             return self._batch(run, body)
         if kind == "finish":
+            if body.get("status", "finished") not in FINISH_STATUSES:
+                return 400, {"error": "bad status", "field": "status"}, {}
             run.finishes.append(body)
             return 200, {"ok": True}, {}
         return 404, {"error": "no route"}, {}
@@ -206,6 +234,10 @@ def _validate_batch(run: RunState, body: dict) -> Scripted | None:
     for event in body["events"]:
         if event.get("kind") not in EVENT_KINDS:
             return 400, {"error": "bad event kind", "field": "events"}, {}
-    if points + len(body["events"]) > MAX_POINTS:
-        return 413, {"error": "too many points"}, {}
+    if len(body["metrics"]) > limits.MAX_KEYS_PER_BATCH:
+        return 413, {"error": "too many keys", "field": "metrics"}, {}
+    if points > limits.MAX_POINTS_PER_BATCH:
+        return 413, {"error": "too many points", "field": "metrics"}, {}
+    if len(body["events"]) > limits.MAX_EVENTS_PER_BATCH:
+        return 413, {"error": "too many events", "field": "events"}, {}
     return None

@@ -83,11 +83,8 @@ def test_server_down_then_up_loses_and_duplicates_nothing(
 ) -> None:
     port = _free_port()
     run = runcast.init(settings=make_settings(f"http://127.0.0.1:{port}"))
-    worst = 0.0
     for step in range(20_000):
-        started = time.perf_counter()
         run.log({"loss": float(step), "acc": 0.5}, step=step)
-        worst = max(worst, time.perf_counter() - started)
         if step % 5_000 == 0:
             time.sleep(0.1)  # let the sender hit the closed port and spool
     assert wait_until(lambda: run.stats()["batches_spooled"] > 0)
@@ -105,28 +102,34 @@ def test_server_down_then_up_loses_and_duplicates_nothing(
         assert run.url == f"{server.url}/runs/{run.id}", "url arrives with the replayed create"
     finally:
         server.stop()
-    # Far below any network wait; loose enough for a busy CI box's scheduling noise.
-    assert worst < 0.5, f"log() blocked for {worst:.3f}s"
     assert not spool_files(spool_dir), "every spool file is deleted after its 200"
 
 
 def test_log_does_not_wait_for_a_hanging_server(
     server: FakeServer, make_settings: MakeSettings
 ) -> None:
-    server.state.delay_s = 1.0  # every request outlives the 0.5 s client timeout
-    run = runcast.init(settings=make_settings(server.url, timeout=0.5, finish_timeout=0.3))
-    worst = 0.0
-    deadline = time.monotonic() + 0.8
-    step = 0
-    while time.monotonic() < deadline:
-        started = time.perf_counter()
-        run.log({"loss": 1.0}, step=step)
-        worst = max(worst, time.perf_counter() - started)
-        step += 1
-        time.sleep(0.0005)
-    run.finish(timeout=0.3)
-    assert worst < 0.4, f"log() waited {worst:.3f}s on the network"
-    assert run.stats()["logged"] == step
+    # Behaviour, not wall-clock time (the per-call cost is bench/log_call.py's job): while
+    # the server holds the sender's request unanswered, log() calls still all return.
+    run = runcast.init(settings=make_settings(server.url, timeout=30.0, max_queue=1_000_000))
+    release = server.stall("batch")
+    try:
+        run.log({"loss": 0.0}, step=0)
+        assert wait_until(lambda: server.state.stalled == 1), "the sender's batch is held"
+        trainer = threading.Thread(
+            target=lambda: [run.log({"loss": 1.0}, step=step) for step in range(1, 20_001)]
+        )
+        trainer.start()
+        trainer.join(timeout=20)  # only a "did not hang" guard; it takes milliseconds
+        assert not trainer.is_alive(), "log() waited for the stalled server"
+        # Every call returned while the one request was still unanswered.
+        assert not release.is_set() and server.state.stalled == 1
+        assert server.state.count("batch") == 0, "no batch has been answered yet"
+        assert run.stats()["queued"] == 20_000
+    finally:
+        release.set()
+    run.finish()
+    assert _steps(server, "loss") == list(range(20_001))
+    assert run.stats()["dropped"] == 0
 
 
 def test_500_then_success_is_retried(server: FakeServer, make_settings: MakeSettings) -> None:
@@ -234,7 +237,7 @@ def test_log_never_raises_on_garbage(
         ({"loss": {"nested": 1.0}}, None),
         ({1: 1.0, "": 2.0, None: 3.0}, None),
         ({"loss": 1.0}, "abc"),
-        ({"loss": 1.0}, -5),
+        ({"loss": 1.0}, -(2**62) - 1),  # beyond int64 storage (negative steps are fine)
         ({"loss": 1.0}, 2.5),
         ({"loss": 1.0}, object()),
         ({"loss": 10**400}, 0),

@@ -123,7 +123,6 @@ def relay(live_server) -> Iterator[Relay]:
 def test_it_survives_a_server_outage_without_loss_or_duplicates(relay, fast_settings):
     settings = fast_settings(f"http://127.0.0.1:{relay.port}")
     run = runcast.init(project="live", name="outage", id="outage-1", settings=settings)
-    slowest = 0.0
     for step in range(30_000):
         if step == 10_000:
             time.sleep(0.3)  # let the first part arrive, then take the server away
@@ -131,16 +130,15 @@ def test_it_survives_a_server_outage_without_loss_or_duplicates(relay, fast_sett
         if step == 25_000:
             time.sleep(2.0)  # long enough for retries to give up and spool to disk
             relay.up()
-        started = time.perf_counter()
         run.log({"loss": float(step)}, step=step)
-        slowest = max(slowest, time.perf_counter() - started)
     run.finish()
     steps = stored("outage-1", "loss")
     assert steps.size == 30_000, "points lost or duplicated"
     assert np.array_equal(np.sort(steps), np.arange(30_000))
     assert Run.objects.get(public_id="outage-1").status == "finished"
-    # A blocking log() would have waited out the retries (seconds) while the server was down.
-    assert slowest < 0.5
+    # That log() never waits on the network is asserted by behaviour, not a time bound, in
+    # test_delivery.py::test_log_does_not_wait_for_a_hanging_server; bench/log_call.py
+    # measures what one call costs.
 
 
 def test_a_resumed_job_keeps_its_rollback(live_server, fast_settings):

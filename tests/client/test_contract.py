@@ -1,0 +1,231 @@
+"""The client's copy of the server contract equals the server's.
+
+The client is a separate, Django-free package, so it keeps its own constants
+(runcast.batcher, runcast.run, runcast.settings). These tests import both sides and fail
+when one side moves without the other: a limit the client does not know costs a whole
+batch (400/413, dropped), a value the client refuses but the server takes is data lost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import runcast
+from pydantic import TypeAdapter, ValidationError
+from runcast import batcher
+from runcast.run import RUN_ID_PATTERN, STATUSES, UNITS
+from runcast.settings import DEFAULT_BATCH_POINTS, DEFAULT_MAX_BODY_BYTES, Settings, resolve
+
+from tracker import limits
+from tracker.api import schemas
+from tracker.api.parsing import events_from_batch, series_from_batch
+from tracker.models import Event, Run
+from tracker.services import ServiceError
+
+
+def _literal(schema: type, field: str) -> set[str]:
+    return set(get_args(schema.model_fields[field].annotation))
+
+
+# -- enumerations -------------------------------------------------------------------
+
+
+def test_event_kinds_are_the_servers() -> None:
+    assert set(batcher.EVENT_KINDS) == set(Event.Kind.values)
+    assert set(batcher.EVENT_KINDS) == _literal(schemas.EventPayload, "kind")
+
+
+def test_finish_statuses_are_the_servers() -> None:
+    assert set(STATUSES) == _literal(schemas.FinishIn, "status")
+    assert set(STATUSES) <= set(Run.Status.values)
+
+
+def test_progress_units_are_the_servers() -> None:
+    assert set(UNITS) == _literal(schemas.RunCreateIn, "progress_unit")
+    assert set(UNITS) == set(Run.Unit.values)
+
+
+def test_run_id_pattern_is_the_servers() -> None:
+    assert f"^{RUN_ID_PATTERN.pattern}$" == schemas.RUN_ID_PATTERN
+
+
+# -- limits -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MAX_ABS_STEP",
+        "MIN_EPOCH_S",
+        "MAX_EPOCH_S",
+        "MAX_KEY_LENGTH",
+        "MAX_KEYS_PER_BATCH",
+        "MAX_EVENTS_PER_BATCH",
+        "MAX_EVENT_PAYLOAD_BYTES",
+    ],
+)
+def test_shared_limit_equals_the_servers(name: str) -> None:
+    assert getattr(batcher, name, None) == getattr(limits, name)
+
+
+def test_batches_are_split_below_the_servers_limits() -> None:
+    assert DEFAULT_BATCH_POINTS <= limits.MAX_POINTS_PER_BATCH
+    # Whatever RUNCAST_BATCH_POINTS asks for is clamped below the server's limit.
+    assert resolve(Settings(batch_points=10**9), {}).batch_points <= limits.MAX_POINTS_PER_BATCH
+    assert DEFAULT_MAX_BODY_BYTES <= limits.MAX_REQUEST_BYTES
+
+
+# -- the same values accepted on both sides -------------------------------------------
+
+
+def _client_takes_step(step: int) -> bool:
+    return batcher.Batcher("s", 10, 10**6)._step(step) is not None
+
+
+def _server_takes(adapter: TypeAdapter, value: Any) -> bool:
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        -(2**62) - 1,
+        -(2**62),
+        -1,
+        0,
+        1,
+        2**62,
+        2**62 + 1,
+        2**63,
+    ],
+)
+def test_steps_are_accepted_alike(step: int) -> None:
+    assert _client_takes_step(step) == _server_takes(TypeAdapter(schemas.Step), step)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [-1.0, -0.0, 0.0, 1.7e9, 2.0**32, 2.0**32 + 1, 1.7e12, math.nan, math.inf, -math.inf],
+)
+def test_times_are_accepted_alike(when: float) -> None:
+    client = batcher.Batcher("s", 10, 10**6)._valid_time(when)
+    assert client == _server_takes(TypeAdapter(schemas.EpochSeconds), when)
+
+
+def _server_takes_key(key: str) -> bool:
+    try:
+        schemas.BatchIn(session="s", seq=1, metrics={key: {"steps": [], "values": []}})
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "loss", "x" * limits.MAX_KEY_LENGTH, "x" * (limits.MAX_KEY_LENGTH + 1), "a\nb", "a\x00b"],
+)
+def test_metric_keys_are_accepted_alike(key: str) -> None:
+    client = batcher.Batcher("s", 10, 10**6)._valid_key(key)
+    assert client == _server_takes_key(key)
+
+
+def _server_takes_event(event: dict) -> bool:
+    try:
+        payload = schemas.BatchIn(session="s", seq=1, events=[event])
+        events_from_batch(payload)
+    except (ValidationError, ServiceError):
+        return False
+    return True
+
+
+def _client_event(kind: str, payload: dict, step: int | None = 1) -> dict | None:
+    """What the client puts on the wire for run.event(kind, step, **payload); None if skipped."""
+    client = batcher.Batcher("s", 10, 10**6)
+    client.add(step, 1.7e9, batcher.Event(kind, payload))
+    client.seal()
+    (sealed,) = client.take_sealed() or [None]
+    if sealed is None:
+        return None
+    (event,) = json.loads(sealed.body)["events"]
+    return event
+
+
+@pytest.mark.parametrize("kind", sorted(Event.Kind.values))
+def test_every_server_kind_is_sent_as_itself(kind: str) -> None:
+    event = _client_event(kind, {"x": 1})
+    assert event is not None and event["kind"] == kind and event["payload"] == {"x": 1}
+    assert _server_takes_event(event)
+
+
+_NEAR_LIMIT = "x" * (limits.MAX_EVENT_PAYLOAD_BYTES - len('{"blob": ""}'))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param({"path": "/ckpt/100"}, id="plain"),
+        pytest.param({"blob": _NEAR_LIMIT}, id="at-size-limit"),
+        pytest.param({"blob": _NEAR_LIMIT + "x"}, id="over-size-limit"),
+        pytest.param({"loss": math.nan}, id="nan-value"),
+        pytest.param({"loss": [1.0, math.inf]}, id="nested-inf"),
+        pytest.param({"path": "a\x00b"}, id="nul-in-string"),
+        pytest.param({"a\x00b": 1}, id="nul-in-key"),
+        pytest.param({"nested": {"deep": ["ok", {"x": "fine"}]}}, id="nested-ok"),
+    ],
+)
+def test_event_payloads_are_accepted_alike(payload: dict) -> None:
+    event = _client_event("eval", payload)
+    server = _server_takes_event({"kind": "eval", "step": 1, "time": 1.7e9, "payload": payload})
+    assert (event is not None) == server
+    if event is not None:
+        assert _server_takes_event(event)
+
+
+# -- whole requests the client builds validate as the server's schemas ----------------
+
+
+def test_a_client_batch_validates_as_the_servers() -> None:
+    client = batcher.Batcher(uuid.uuid4().hex, 10_000, DEFAULT_MAX_BODY_BYTES)
+    for step in (-5, 0, 1, 2**62):
+        client.add(step, 1.7e9 + step % 7, {"loss": 0.5, "acc": math.nan, "x" * 200: 1})
+    for kind in [*sorted(Event.Kind.values), "user_kind"]:
+        client.add(3, 1.7e9, batcher.Event(kind, {"path": Path("/a")}))
+    client.seal(heartbeat=1.7e9)
+    (sealed,) = client.take_sealed()
+    payload = schemas.BatchIn.model_validate_json(sealed.body)
+    series = series_from_batch(payload)
+    events = events_from_batch(payload)
+    assert sum(s.steps.size for s in series) == 12
+    assert [e.kind for e in events] == [*sorted(Event.Kind.values), "custom"]
+    assert client.skipped == 0
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_create_and_finish_bodies_validate_as_the_servers(tmp_path: Path, status: str) -> None:
+    run = runcast.init(
+        project="llm",
+        name="n",
+        total_steps=100,
+        config={"lr": 3e-4, "path": Path("/d")},
+        tags=["a"],
+        unit="tokens",
+        world_size=8,
+        mode="offline",
+        dir=tmp_path,
+    )
+    assert isinstance(run, runcast.Run)
+    run.finish(status=status)
+    (folder,) = (p.parent for p in tmp_path.rglob("create.json"))
+    create = schemas.RunCreateIn.model_validate_json((folder / "create.json").read_bytes())
+    finish = schemas.FinishIn.model_validate_json((folder / "finish.json").read_bytes())
+    assert create.id == run.id and create.session == run.session
+    assert finish.status == status and finish.session == run.session
