@@ -25,13 +25,13 @@ def _verdict(p_on_time: float | None, p50: float | None, train_by: float | None)
 
 def digest_message(*, project: Project, now: datetime) -> Message | None:
     rows = []
-    for row in digest_runs(project=project, now=now):
-        run = row["run"]
+    for o in digest_runs(project=project, now=now):
+        run = o.run
         deadline = run.deadline
         tz = ZoneInfo(deadline.timezone) if deadline else project.tzinfo
         train_by = deadline.train_by.timestamp() if deadline else None
-        p = row["p_on_time"]
-        p_num = float(p) if isinstance(p, int | float) else None
+        p50 = o.finish[1] if o.finish else None
+        p = o.p_on_time if isinstance(o.p_on_time, int | float) else None
         rows.append(
             {
                 "name": str(run),
@@ -40,11 +40,11 @@ def digest_message(*, project: Project, now: datetime) -> Message | None:
                 "progress": f"{100 * run.progress:.0f}%" if run.progress is not None else fmt.NONE,
                 "deadline": deadline.name if deadline else "",
                 "train_by": fmt.when(train_by, tz) if train_by else "",
-                "p50": fmt.when(row["p50"], tz),
-                "p_on_time": f"{100 * p:.0f}%" if isinstance(p, int | float) else fmt.NONE,
-                "verdict": _verdict(p_num, row["p50"], train_by),
-                "flags": ", ".join(row["open_flags"]),
-                "left": fmt.span(row["p50"] - now.timestamp()) if row["p50"] else "",
+                "p50": fmt.when(p50, tz),
+                "p_on_time": f"{100 * p:.0f}%" if p is not None else fmt.NONE,
+                "verdict": _verdict(p, p50, train_by),
+                "flags": ", ".join(sorted(f.kind for f in o.flags)),
+                "left": fmt.span(p50 - now.timestamp()) if p50 else "",
             }
         )
     if not rows:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db.models import Q, QuerySet
 
 from alerts.models import Channel, Notification, Rule
-from forecasting.models import Forecast
-from forecasting.selectors import forecast_latest, open_flags_by_run
+from forecasting.selectors import RunOutlook, outlooks_for, with_latest_forecasts
 from tracker.models import Project, Run
 
 
@@ -36,25 +34,18 @@ def notification_list(*, project: Project, run: Run | None = None) -> QuerySet[N
     return qs.order_by("-created_at", "-id")
 
 
-def digest_runs(*, project: Project, now: datetime) -> list[dict[str, Any]]:
-    """Active runs and those that ended in the last day, with their latest forecasts."""
+def digest_runs(*, project: Project, now: datetime) -> list[RunOutlook]:
+    """Active runs and those that ended in the last day, with their latest forecasts and open
+    flags (a constant number of queries, whatever the number of runs)."""
     runs = list(
-        Run.objects.select_related("deadline")
-        .filter(project=project)
-        .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(ended_at__gte=now - timedelta(days=1)))
-        .order_by("deadline__cutoff", "-last_seen_at")[:100]
+        with_latest_forecasts(
+            Run.objects.select_related("deadline")
+            .filter(project=project)
+            .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(ended_at__gte=now - timedelta(days=1)))
+            .order_by("deadline__cutoff", "-last_seen_at"),
+            now=now,
+        )[:100]
     )
-    flags = open_flags_by_run([r.pk for r in runs])
-    rows = []
     for run in runs:
-        eta = forecast_latest(run=run, kind=Forecast.Kind.ETA)
-        risk = forecast_latest(run=run, kind=Forecast.Kind.DEADLINE)
-        rows.append(
-            {
-                "run": run,
-                "p50": eta.finish_p50 if eta else None,
-                "p_on_time": (risk.data or {}).get("p_on_time") if risk else None,
-                "open_flags": sorted(f.kind for f in flags.get(run.pk, [])),
-            }
-        )
-    return rows
+        run.project = project  # already loaded: no join per run
+    return outlooks_for(runs)

@@ -1,6 +1,6 @@
 """Layout of the deadline board: where each bar, whisker and cutoff line sits on a lane's time
 axis (percent of the lane's width) and which tone each run gets. Presentation only; what the
-numbers mean is decided in forecasting.board."""
+numbers mean is decided in dashboard.pages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from forecasting.board import Board, RunOutlook
+from dashboard.pages import Board, RunView
 from forecasting.estimators.deadline import on_time_tone
 from tracker.models import Deadline
 
@@ -38,7 +38,7 @@ OVERSHOOT = 2.0
 NO_DEADLINE_HORIZON_S = 30 * 86400
 
 
-def tone(o: RunOutlook) -> str:
+def tone(o: RunView) -> str:
     """ok / warn / bad by the chance of making the cutoff; info without a cutoff."""
     if not o.run.is_active:
         return "done"
@@ -71,7 +71,7 @@ class Bar:
 
 @dataclass
 class Row:
-    o: RunOutlook
+    o: RunView
     tone: str
     bar: Bar | None
 
@@ -116,7 +116,7 @@ class _Axis:
         ]
 
 
-def _lane(now: float, deadline: Deadline | None, outlooks: list[RunOutlook]) -> Lane:
+def _lane(now: float, deadline: Deadline | None, outlooks: list[RunView]) -> Lane:
     p90s = [o.finish[2] for o in outlooks if o.finish]
     if deadline is not None:
         cutoff = deadline.cutoff.timestamp()
@@ -138,7 +138,7 @@ def _lane(now: float, deadline: Deadline | None, outlooks: list[RunOutlook]) -> 
     return Lane(deadline, rows, axis.ticks(), markers, counts)
 
 
-def _bar(axis: _Axis, now: float, o: RunOutlook) -> Bar | None:
+def _bar(axis: _Axis, now: float, o: RunView) -> Bar | None:
     if o.finish is None:
         return None
     p10, p50, p90 = o.finish

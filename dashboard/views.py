@@ -12,12 +12,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from dashboard import pages
 from dashboard.access import membership_for, run_for
 from dashboard.presenters import board_view
-from forecasting import board as board_selectors
 from forecasting.models import Forecast
 from forecasting.selectors import eta_history, forecast_latest
-from forecasting.services import LOSS_KEYS, loss_key_for
 from tracker import selectors
 
 MAX_BUCKETS = 2_000
@@ -53,7 +52,7 @@ def _buckets(request: HttpRequest) -> int:
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    board = board_selectors.board_for_user(user=request.user, now=now)
+    board = pages.board_for_user(user=request.user, now=now)
     context = {"view": board_view(board, now), "poll_s": BOARD_POLL_S}
     return render(request, "dashboard/board.html", context)
 
@@ -62,7 +61,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def board_partial(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    board = board_selectors.board_for_user(user=request.user, now=now)
+    board = pages.board_for_user(user=request.user, now=now)
     context = {"view": board_view(board, now), "poll_s": BOARD_POLL_S}
     return render(request, "dashboard/_board.html", context)
 
@@ -72,7 +71,7 @@ def board_partial(request: HttpRequest) -> HttpResponse:
 
 def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
     run = run_for(request, project, run_id)
-    page = board_selectors.run_page(run=run, now=timezone.now())
+    page = pages.run_page(run=run, now=timezone.now())
     return {"run": page.outlook.run, "page": page, "o": page.outlook, "poll_s": RUN_POLL_S}
 
 
@@ -120,7 +119,7 @@ def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
 @require_GET
 def run_throughput(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
     run = run_for(request, project, run_id)
-    view = board_selectors.throughput_view(
+    view = selectors.throughput_view(
         run=run,
         buckets=_buckets(request),
         x0=_float_param(request, "x0"),
@@ -145,15 +144,13 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     target and markers."""
     run = run_for(request, project, run_id)
     keys = selectors.series_keys(run=run)
-    loss_key = loss_key_for(keys)
+    loss_key = selectors.loss_key_for(keys)
     latest_loss = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
     deadline = run.deadline
     loss = latest_loss.data if latest_loss is not None else {}
     forecast = None
     if loss and run.is_active:
-        forecast = board_selectors.loss_forecast_path(
-            loss, from_step=float(run.last_step or 0) or 1.0
-        )
+        forecast = pages.loss_forecast_path(loss, from_step=float(run.last_step or 0) or 1.0)
     return JsonResponse(
         {
             "run": run.public_id,
@@ -174,7 +171,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
             "target": run.project.targets.get(loss_key or "", None),
             "markers": [
                 {"kind": m.kind, "step": m.step, "label": m.label}
-                for m in board_selectors.run_markers(run=run)
+                for m in pages.chart_markers(run=run)
             ],
             "total_steps": run.total_steps,
             "last_step": run.last_step,
@@ -208,6 +205,6 @@ def compare(request: HttpRequest, project: str) -> HttpResponse:
         "chosen": picked,
         "chosen_ids": chosen,
         "key": request.GET.get("key") or "",
-        "suggested_keys": LOSS_KEYS,
+        "suggested_keys": selectors.LOSS_KEYS,
     }
     return render(request, "dashboard/compare.html", context)

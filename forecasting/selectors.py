@@ -1,11 +1,24 @@
-"""Reads of forecasts and flags for pages and the API."""
+"""Reads of forecasts and flags for pages, the digest and the API.
+
+The read model is `RunOutlook`: what the stored forecasts and open flags say about one run. It is
+read in a bounded number of queries whatever the number of runs: the latest forecast of each
+kind is picked by correlated subqueries that the (run, kind, computed_at) index serves
+(`with_latest_forecasts`), then fetched by id in one query (`outlooks_for`).
+"""
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from forecasting.models import Flag, Forecast
 from tracker.models import Run
+
+# How far back "how the ETA moved" looks: a lead's day.
+MOVE_WINDOW = timedelta(hours=24)
 
 
 def forecast_latest(*, run: Run, kind: str) -> Forecast | None:
@@ -68,3 +81,86 @@ def eta_history(
 def active_run_ids() -> list[int]:
     """Runs the sweeper checks and re-forecasts (the (status, last_seen_at) index serves it)."""
     return list(Run.objects.filter(status__in=Run.ACTIVE_STATUSES).values_list("pk", flat=True))
+
+
+@dataclass
+class RunOutlook:
+    """What the forecasts and flags say about one run. Times are epoch seconds."""
+
+    run: Run
+    eta: dict[str, Any] | None = None
+    finish: tuple[float, float, float] | None = None  # P10, P50, P90 finish
+    computed_at: datetime | None = None
+    deadline_risk: dict[str, Any] | None = None
+    p_on_time: float | None = None
+    eta_moved_s: float | None = None  # + later (slipped), - earlier, over the window
+    eta_moved_over_s: float | None = None  # the span the move was measured over
+    rate: float | None = None  # steps per second now
+    rate_change: float | None = None  # relative change over the same window (-0.1 = 10% slower)
+    loss: dict[str, Any] | None = None
+    flags: list[Flag] = field(default_factory=list)
+
+    @property
+    def half_spread_s(self) -> float | None:
+        return None if self.finish is None else (self.finish[2] - self.finish[0]) / 2
+
+    @property
+    def loss_healthy(self) -> bool:
+        return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
+
+
+OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id")
+
+
+def _latest_id(kind: str) -> Subquery:
+    qs = Forecast.objects.filter(run=OuterRef("pk"), kind=kind)
+    return Subquery(qs.order_by("-computed_at", "-id").values("id")[:1])
+
+
+def with_latest_forecasts(runs: QuerySet[Run], *, now: datetime) -> QuerySet[Run]:
+    """Annotate runs with the ids `outlooks_for` reads (no extra query per run)."""
+    window_start = Forecast.objects.filter(
+        run=OuterRef("pk"), kind=Forecast.Kind.ETA, computed_at__gte=now - MOVE_WINDOW
+    ).order_by("computed_at", "id")
+    return runs.annotate(
+        eta_id=_latest_id(Forecast.Kind.ETA),
+        eta_start_id=Subquery(window_start.values("id")[:1]),
+        deadline_fc_id=_latest_id(Forecast.Kind.DEADLINE),
+        loss_id=_latest_id(Forecast.Kind.LOSS),
+    )
+
+
+def outlooks_for(runs: list[Run]) -> list[RunOutlook]:
+    """Outlooks of runs read through `with_latest_forecasts`: 2 queries, whatever their number."""
+    ids = {getattr(r, a) for r in runs for a in OUTLOOK_IDS if getattr(r, a, None)}
+    forecasts = {f.id: f for f in Forecast.objects.filter(id__in=ids)} if ids else {}
+    flags = open_flags_by_run([r.pk for r in runs]) if runs else {}
+    return [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
+
+
+def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> RunOutlook:
+    out = RunOutlook(run=run, flags=flags)
+    eta = forecasts.get(getattr(run, "eta_id", None) or -1)
+    start = forecasts.get(getattr(run, "eta_start_id", None) or -1)
+    if eta is not None and run.is_active and eta.finish_p50 is not None:
+        out.eta, out.computed_at = eta.data, eta.computed_at
+        out.finish = (
+            eta.finish_p10 or eta.finish_p50,
+            eta.finish_p50,
+            eta.finish_p90 or eta.finish_p50,
+        )
+        out.rate = eta.data.get("rate_steps_per_s")
+        if start is not None and start.id != eta.id and start.finish_p50 is not None:
+            out.eta_moved_s = eta.finish_p50 - start.finish_p50
+            out.eta_moved_over_s = (eta.computed_at - start.computed_at).total_seconds()
+            start_rate = start.data.get("rate_steps_per_s")
+            if out.rate and start_rate:
+                out.rate_change = out.rate / start_rate - 1.0
+    dl = forecasts.get(getattr(run, "deadline_fc_id", None) or -1)
+    if dl is not None and run.deadline is not None and run.is_active:
+        out.deadline_risk = dl.data
+        out.p_on_time = dl.data.get("p_on_time")
+    loss = forecasts.get(getattr(run, "loss_id", None) or -1)
+    if loss is not None:
+        out.loss = loss.data
+    return out

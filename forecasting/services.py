@@ -27,7 +27,6 @@ from tracker.series import Series, latest_wins
 
 logger = logging.getLogger(__name__)
 
-LOSS_KEYS = ("loss", "train_loss", "train/loss", "val_loss", "eval_loss")
 # Forecast inputs are thinned to this many points; the estimators bin further themselves.
 MAX_INPUT_POINTS = 200_000
 # Kinds forecast_compute owns (resolves when absent); "stalled" belongs to the liveness sweep.
@@ -43,10 +42,6 @@ class Condition:
     severity: float | None = None
     onset_step: float | None = None
     data: dict[str, Any] = field(default_factory=dict)
-
-
-def loss_key_for(keys: list[str]) -> str | None:
-    return next((k for k in LOSS_KEYS if k in keys), None)
 
 
 def _thin(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
@@ -79,7 +74,7 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
         return []
     now = now or timezone.now()
     keys = tracker_selectors.series_keys(run=run)
-    loss_key = loss_key_for(keys)
+    loss_key = tracker_selectors.loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
     conditions: list[Condition] = []
     kinds: tuple[str, ...] = FORECAST_FLAG_KINDS

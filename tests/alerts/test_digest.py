@@ -129,3 +129,34 @@ def test_it_does_not_rebuild_a_digest_already_sent_today(
     # projects, owners' addresses, today's digest: nothing per run.
     with django_assert_max_num_queries(3):
         assert services.digests_send_due(now=MORNING + timedelta(hours=1)) == 0
+
+
+def test_its_query_count_does_not_grow_with_runs(project: Project) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from alerts.digest import digest_message
+
+    def digest_queries(runs: int) -> int:
+        for i in range(Run.objects.count(), runs):
+            run = Run.objects.create(project=project, public_id=f"r{i}", total_steps=1000)
+            for kind, data in (
+                (Forecast.Kind.ETA, {}),
+                (Forecast.Kind.DEADLINE, {"p_on_time": 0.5}),
+            ):
+                Forecast.objects.create(
+                    run=run,
+                    kind=kind,
+                    computed_at=MORNING,
+                    segment=0,
+                    input_last_step=1,
+                    finish_p50=MORNING.timestamp() + 3600,
+                    data=data,
+                )
+        with CaptureQueriesContext(connection) as ctx:
+            message = digest_message(project=project, now=MORNING)
+        assert message is not None and f"r{runs - 1}" in message.text
+        return len(ctx.captured_queries)
+
+    few, many = digest_queries(5), digest_queries(50)
+    assert many == few <= 5  # 152 for 50 runs when it read two forecasts per run

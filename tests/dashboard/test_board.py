@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from forecasting.board import board_for_user
+from dashboard.pages import board_for_user
 from tests.dashboard.factories import flag, forecast_set, make_run
 from tracker.models import Run
 from tracker.settings_services import deadline_create

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from forecasting.board import throughput_view
 from tests.dashboard.factories import flag, forecast_set, make_run
 from tracker.models import Event
+from tracker.selectors import throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = pytest.mark.django_db
@@ -110,7 +110,7 @@ def test_throughput_is_steps_per_second_from_the_progress_series(member, project
 
 def test_throughput_from_chunk_endpoints_matches_raw(member, project, monkeypatch):
     run = make_run(project, "fast", points=20_000, chunk=1000, rate=4.0)
-    monkeypatch.setattr("forecasting.board.THROUGHPUT_RAW_MAX", 100)
+    monkeypatch.setattr("tracker.selectors.THROUGHPUT_RAW_MAX", 100)
     view = throughput_view(run=run, buckets=50)
     assert view.source == "chunks"
     assert view.rate == pytest.approx(4.0)

@@ -1,0 +1,230 @@
+"""What the deadline board and the run page show, composed from the selectors of the layers
+below (forecast outlooks, open flags, run summaries) in a bounded number of queries, plus what
+only a page needs: cost so far and to finish, and the risk order runs are listed in.
+
+Layout (where bars and ticks sit) is in dashboard.presenters; this module decides what is shown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.db.models import Q
+
+from forecasting.models import Flag
+from forecasting.selectors import (
+    RunOutlook,
+    flag_history,
+    open_flags_by_run,
+    outlooks_for,
+    with_latest_forecasts,
+)
+from tracker.models import Deadline, Membership, Run
+from tracker.selectors import Marker, loss_key_for, run_markers, series_keys
+
+# Runs that ended this recently stay on the board, so "did it make it?" is answered there.
+RECENT_END = timedelta(hours=24)
+BOARD_MAX_RUNS = 500
+
+
+@dataclass
+class RunView(RunOutlook):
+    """A run's outlook as a page shows it: with its cost and its place in the risk order."""
+
+    gpu_hours_so_far: float | None = None
+    gpu_hours_to_finish: float | None = None
+    cost_so_far: float | None = None
+    cost_to_finish: float | None = None
+    risk: float = 0.0
+
+    @classmethod
+    def of(cls, outlook: RunOutlook, *, now: datetime) -> RunView:
+        view = cls(**{f.name: getattr(outlook, f.name) for f in fields(RunOutlook)})
+        _cost(view, now)
+        view.risk = _risk(view)
+        return view
+
+
+def _cost(out: RunView, now: datetime) -> None:
+    run = out.run
+    if not run.world_size:
+        return
+    end = run.ended_at or (now if run.is_active else run.last_seen_at)
+    out.gpu_hours_so_far = run.world_size * max(0.0, (end - run.started_at).total_seconds()) / 3600
+    if out.finish is not None:
+        left = max(0.0, out.finish[1] - now.timestamp())
+        out.gpu_hours_to_finish = run.world_size * left / 3600
+    price = run.project.gpu_hour_price
+    if price is not None:
+        out.cost_so_far = out.gpu_hours_so_far * float(price)
+        if out.gpu_hours_to_finish is not None:
+            out.cost_to_finish = out.gpu_hours_to_finish * float(price)
+
+
+def _risk(out: RunView) -> float:
+    """Sort key, higher first: missing the cutoff dominates, then open problems."""
+    risk = 0.0
+    if out.p_on_time is not None:
+        risk += 1.0 - out.p_on_time
+    elif out.run.deadline is not None and out.run.is_active:
+        risk += 0.5  # aimed at a cutoff with no forecast yet: unknown is not safe
+    risk += 0.15 * min(len(out.flags), 3)
+    if out.run.status == Run.Status.STALLED:
+        risk += 0.3
+    if not out.run.is_active:
+        risk -= 2.0  # ended runs sink to the bottom of their lane
+    return risk
+
+
+# --- the board -------------------------------------------------------------------------------
+
+
+@dataclass
+class DeadlineLane:
+    deadline: Deadline
+    runs: list[RunView]
+
+    @property
+    def worst_p(self) -> float | None:
+        ps = [r.p_on_time for r in self.runs if r.p_on_time is not None]
+        return min(ps) if ps else None
+
+
+@dataclass
+class Board:
+    now: datetime
+    memberships: list[Membership]
+    lanes: list[DeadlineLane]
+    unscheduled: list[RunView]
+
+    @property
+    def run_count(self) -> int:
+        return len(self.unscheduled) + sum(len(lane.runs) for lane in self.lanes)
+
+
+def board_for_user(*, user: Any, now: datetime) -> Board:
+    """The deadline board of every project the user belongs to (7 queries with session/user)."""
+    memberships = list(
+        Membership.objects.select_related("project").filter(user=user).order_by("project__name")
+    )
+    projects = [m.project for m in memberships]
+    by_id = {p.pk: p for p in projects}
+    runs = list(
+        with_latest_forecasts(
+            Run.objects.select_related("deadline")
+            .filter(project__in=projects)
+            .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(ended_at__gte=now - RECENT_END)),
+            now=now,
+        ).order_by("-last_seen_at")[:BOARD_MAX_RUNS]
+    )
+    for run in runs:
+        run.project = by_id[run.project_id]  # already loaded: no join per run
+        if run.deadline is not None:
+            run.deadline.project = run.project
+    views = [RunView.of(o, now=now) for o in outlooks_for(runs)]
+    deadlines = list(
+        Deadline.objects.filter(project__in=projects, cutoff__gte=now - RECENT_END).order_by(
+            "cutoff"
+        )
+    )
+    for deadline in deadlines:
+        deadline.project = by_id[deadline.project_id]
+    return _arrange(now, memberships, views, deadlines)
+
+
+def _arrange(
+    now: datetime, memberships: list[Membership], views: list[RunView], deadlines: list[Deadline]
+) -> Board:
+    lanes = {d.pk: DeadlineLane(deadline=d, runs=[]) for d in deadlines}
+    unscheduled = []
+    for o in views:
+        if o.run.deadline_id is None:
+            unscheduled.append(o)
+            continue
+        if o.run.deadline_id not in lanes:  # a past cutoff that a run still aims at
+            assert o.run.deadline is not None  # deadline_id is set
+            lanes[o.run.deadline_id] = DeadlineLane(deadline=o.run.deadline, runs=[])
+        lanes[o.run.deadline_id].runs.append(o)
+    for lane in lanes.values():
+        lane.runs.sort(key=lambda o: (-o.risk, o.finish[1] if o.finish else math.inf))
+    unscheduled.sort(key=lambda o: (-o.risk, o.finish[1] if o.finish else math.inf))
+
+    def lane_key(lane: DeadlineLane) -> tuple[int, float, float]:
+        worst = lane.worst_p
+        return (
+            0 if lane.runs else 1,
+            worst if worst is not None else 1.0,
+            lane.deadline.cutoff.timestamp(),
+        )
+
+    return Board(
+        now=now,
+        memberships=memberships,
+        lanes=sorted(lanes.values(), key=lane_key),
+        unscheduled=unscheduled,
+    )
+
+
+# --- the run page ----------------------------------------------------------------------------
+
+
+@dataclass
+class RunPage:
+    outlook: RunView
+    flag_history: list[Flag]
+    loss_key: str | None
+    keys: list[str]
+
+    @property
+    def other_key(self) -> str | None:
+        """The metric the "other metrics" chart opens on: the first that is not the loss."""
+        return next((k for k in self.keys if k != self.loss_key), self.loss_key)
+
+
+def run_page(*, run: Run, now: datetime) -> RunPage:
+    """Summary of one run for its page (a constant handful of queries)."""
+    annotated = with_latest_forecasts(
+        Run.objects.select_related("project", "deadline"), now=now
+    ).get(pk=run.pk)
+    outlook = RunView.of(outlooks_for([annotated])[0], now=now)
+    keys = series_keys(run=run)
+    history = list(flag_history(run=run, limit=100))
+    return RunPage(outlook=outlook, flag_history=history, loss_key=loss_key_for(keys), keys=keys)
+
+
+def chart_markers(*, run: Run) -> list[Marker]:
+    """The run's own markers, plus each open divergence flag's onset and suggested rollback."""
+    out = run_markers(run=run)
+    for flag in open_flags_by_run([run.pk]).get(run.pk, []):
+        if flag.kind in Flag.DIVERGENCE_KINDS and flag.onset_step is not None:
+            out.append(Marker("onset", float(flag.onset_step), f"{flag.kind} onset"))
+            rollback = flag.data.get("rollback_step")
+            if rollback is not None:
+                out.append(Marker("rollback", float(rollback), "suggested rollback"))
+    return sorted(out, key=lambda m: m.step)
+
+
+def loss_forecast_path(
+    loss: dict[str, Any], *, from_step: float, points: int = 24
+) -> dict[str, list[float]] | None:
+    """The loss forecast drawn as a fan from the current smoothed level to the planned end.
+
+    Interpolated in log-step, the shape of a power-law tail; only its end is a forecast, the
+    path between is a guide for the eye.
+    """
+    end, start_v = loss.get("final_step"), loss.get("smoothed_last")
+    if end is None or start_v is None or from_step <= 0 or end <= from_step:
+        return None
+    steps = np.geomspace(from_step, end, points)
+    frac = (np.log(steps) - math.log(from_step)) / (math.log(end) - math.log(from_step))
+    out: dict[str, list[float]] = {"x": steps.tolist()}
+    for q in ("p10", "p50", "p90"):
+        v = loss.get(q)
+        if v is None:
+            return None
+        out[q] = (start_v + (v - start_v) * frac).tolist()
+    return out
