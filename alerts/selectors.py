@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
 
+from alerts.kinds import RULE_KINDS, RuleKind
 from alerts.models import Channel, Notification, Rule
 from forecasting.selectors import RunOutlook, outlooks_for, with_latest_forecasts
 from tracker.models import Project, Run
@@ -19,12 +21,37 @@ def channel_get(*, project: Project, channel_id: int) -> Channel | None:
     return Channel.objects.filter(project=project, pk=channel_id).first()
 
 
-def rule_list(*, project: Project) -> QuerySet[Rule]:
-    return Rule.objects.filter(project=project).prefetch_related("channels").order_by("id")
+@dataclass(frozen=True)
+class RuleRow:
+    """A rule as the pages show it: stored, or the default a project gets on first use."""
+
+    rule: Rule
+    kind: RuleKind
+    channels: list[Channel]
 
 
-def rule_get(*, project: Project, rule_id: int) -> Rule | None:
-    return Rule.objects.filter(project=project, pk=rule_id).first()
+def _default_rule(project: Project, kind: RuleKind) -> Rule:
+    # Unsaved: reading the rules page must not write them; dispatch and the first save do.
+    return Rule(
+        project=project,
+        kind=kind.key,
+        severity=kind.default_severity,
+        threshold=kind.default_threshold,
+    )
+
+
+def rule_rows(*, project: Project) -> list[RuleRow]:
+    """Every rule kind, in the order of RULE_KINDS, as stored or as its default."""
+    stored = {r.kind: r for r in Rule.objects.filter(project=project).prefetch_related("channels")}
+    rows = []
+    for kind in RULE_KINDS:
+        rule = stored.get(kind.key) or _default_rule(project, kind)
+        rows.append(RuleRow(rule, kind, list(rule.channels.all()) if rule.pk else []))
+    return rows
+
+
+def rule_row(*, project: Project, kind: str) -> RuleRow | None:
+    return next((r for r in rule_rows(project=project) if r.kind.key == kind), None)
 
 
 def notification_list(*, project: Project, run: Run | None = None) -> QuerySet[Notification]:

@@ -143,17 +143,22 @@ def channel_test(*, channel: Channel) -> str | None:
     return None
 
 
+@transaction.atomic
 def rule_update(
     *,
-    rule: Rule,
+    project: Project,
+    kind: str,
     severity: str,
     threshold: float | None,
     channels: list[Channel],
     muted: bool,
     cooldown: timedelta,
 ) -> Rule:
-    if any(c.project_id != rule.project_id for c in channels):
+    """Save one rule kind's settings (the project's rules are created on first save)."""
+    if any(c.project_id != project.pk for c in channels):
         raise ValueError("a rule can only send to its own project's channels")
+    rules_ensure_defaults(project=project)
+    rule = Rule.objects.select_for_update().get(project=project, kind=kind)
     rule.severity = severity
     rule.threshold = threshold
     rule.muted = muted

@@ -13,6 +13,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", include("alerts.urls")),
+    path("", include("dashboard.alerts_urls")),
     path("", include("dashboard.urls")),
 ]

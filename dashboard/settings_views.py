@@ -11,9 +11,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard import forms
-from dashboard.access import membership_for
 from tracker import settings_selectors as sel
 from tracker import settings_services as svc
+from tracker.access import membership_for
 from tracker.models import Deadline, Membership, Project
 from tracker.services import ServiceError, token_create, token_revoke
 
@@ -52,13 +52,13 @@ def _project_initial(project: Project) -> dict[str, Any]:
 
 @login_required
 def settings_page(request: HttpRequest, project: str) -> HttpResponse:
-    return _page(request, membership_for(request, project))
+    return _page(request, membership_for(user=request.user, project_slug=project))
 
 
 @login_required
 @require_POST
 def settings_project(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project, need="owner")
+    membership = membership_for(user=request.user, project_slug=project, need="owner")
     form = forms.ProjectForm(request.POST)
     if not form.is_valid():
         return _page(request, membership, 400, project_form=form)
@@ -69,7 +69,7 @@ def settings_project(request: HttpRequest, project: str) -> HttpResponse:
 @login_required
 @require_POST
 def settings_targets(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project, need="member")
+    membership = membership_for(user=request.user, project_slug=project, need="member")
     form = forms.TargetsForm(request.POST)
     if not form.is_valid():
         return _page(request, membership, 400, targets_form=form)
@@ -80,7 +80,7 @@ def settings_targets(request: HttpRequest, project: str) -> HttpResponse:
 @login_required
 @require_POST
 def member_add(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project, need="owner")
+    membership = membership_for(user=request.user, project_slug=project, need="owner")
     form = forms.MemberAddForm(request.POST)
     if form.is_valid():
         try:
@@ -98,7 +98,7 @@ def member_add(request: HttpRequest, project: str) -> HttpResponse:
 @login_required
 @require_POST
 def member_update(request: HttpRequest, project: str, membership_id: int) -> HttpResponse:
-    membership = membership_for(request, project, need="owner")
+    membership = membership_for(user=request.user, project_slug=project, need="owner")
     target = sel.membership_get_by_id(project=membership.project, membership_id=membership_id)
     if target is None:
         raise Http404("no such member")
@@ -118,7 +118,7 @@ def member_update(request: HttpRequest, project: str, membership_id: int) -> Htt
 @login_required
 @require_POST
 def token_new(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project, need="member")
+    membership = membership_for(user=request.user, project_slug=project, need="member")
     form = forms.TokenForm(request.POST)
     if not form.is_valid():
         return _page(request, membership, 400, token_form=form)
@@ -139,7 +139,7 @@ def token_new(request: HttpRequest, project: str) -> HttpResponse:
 @login_required
 @require_POST
 def token_delete(request: HttpRequest, project: str, token_id: int) -> HttpResponse:
-    membership = membership_for(request, project, need="member")
+    membership = membership_for(user=request.user, project_slug=project, need="member")
     token = sel.token_get(project=membership.project, token_id=token_id)
     if token is None:
         raise Http404("no such token")
@@ -150,14 +150,14 @@ def token_delete(request: HttpRequest, project: str, token_id: int) -> HttpRespo
 @login_required
 @require_http_methods(["GET", "POST"])
 def deadline_new(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project, need="member")
+    membership = membership_for(user=request.user, project_slug=project, need="member")
     return _deadline_form(request, membership.project, None)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def deadline_edit(request: HttpRequest, project: str, slug: str) -> HttpResponse:
-    membership = membership_for(request, project, need="member")
+    membership = membership_for(user=request.user, project_slug=project, need="member")
     deadline = sel.deadline_get(project=membership.project, slug=slug)
     if deadline is None:
         raise Http404("no such deadline")

@@ -13,11 +13,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from dashboard import pages
-from dashboard.access import membership_for, run_for
 from dashboard.presenters import board_view
 from forecasting.models import Forecast
 from forecasting.selectors import eta_history, forecast_latest
 from tracker import selectors
+from tracker.access import membership_for, run_for
 
 MAX_BUCKETS = 2_000
 # Pages poll their partials at these intervals while a run is active (htmx `every`).
@@ -70,7 +70,7 @@ def board_partial(request: HttpRequest) -> HttpResponse:
 
 
 def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
-    run = run_for(request, project, run_id)
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
     page = pages.run_page(run=run, now=timezone.now())
     return {"run": page.outlook.run, "page": page, "o": page.outlook, "poll_s": RUN_POLL_S}
 
@@ -91,7 +91,7 @@ def run_summary(request: HttpRequest, project: str, run_id: str) -> HttpResponse
 @require_GET
 def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
     """Chart data for one key over the visible step range (zooming asks for finer data)."""
-    run = run_for(request, project, run_id)
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
     view = selectors.series_view(
         run=run,
         key=request.GET.get("key", ""),
@@ -118,7 +118,7 @@ def run_series(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
 @login_required
 @require_GET
 def run_throughput(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
-    run = run_for(request, project, run_id)
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
     view = selectors.throughput_view(
         run=run,
         buckets=_buckets(request),
@@ -142,7 +142,7 @@ def run_throughput(request: HttpRequest, project: str, run_id: str) -> JsonRespo
 def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
     """Everything the charts draw besides the series: ETA history, cutoff, loss forecast,
     target and markers."""
-    run = run_for(request, project, run_id)
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
     keys = selectors.series_keys(run=run)
     loss_key = selectors.loss_key_for(keys)
     latest_loss = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
@@ -185,7 +185,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
 @login_required
 @require_GET
 def compare(request: HttpRequest, project: str) -> HttpResponse:
-    membership = membership_for(request, project)
+    membership = membership_for(user=request.user, project_slug=project)
     chosen = request.GET.getlist("run")[:8]
     runs = list(selectors.run_list(project=membership.project)[:200])
     slug = membership.project.slug

@@ -9,9 +9,9 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 
 from forecasting import selectors
+from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.schemas import ErrorOut
-from tracker.api.views import own_run
 from tracker.models import ApiToken
 
 router = Router(auth=TokenAuth(), tags=["forecasts"])
@@ -54,7 +54,7 @@ def run_forecast(request: HttpRequest, run_id: str) -> RunForecastOut:
     """Finish-time percentiles are epoch seconds; `eta_history` is every ETA forecast
     as (computed at, P10, P50, P90)."""
     token = require_scope(request, ApiToken.Scope.READ)
-    run = own_run(token, run_id)
+    run = run_for_token(token=token, run_id=run_id)
     forecasts = selectors.forecasts_latest(run=run)
     return RunForecastOut(
         run=run.public_id,

@@ -13,6 +13,9 @@ from django.test import Client
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 
+# The local SMTP server, HTTP sink and alert fixtures: alert pages are tested under tests/dashboard.
+pytest_plugins = ["tests.alerts.fixtures"]
+
 
 @pytest.fixture
 def owner(db: Any) -> User:

@@ -8,10 +8,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.dispatch import Signal
+from django.http import Http404
 from django.utils import timezone
 
 from tracker import tokens
@@ -42,11 +44,13 @@ class ServiceError(Exception):
         self.field = field
 
 
-class Forbidden(ServiceError):
+class Forbidden(ServiceError, PermissionDenied):
+    # Also Django's PermissionDenied, so a page that meets it answers 403 like any other.
     status = 403
 
 
-class NotFound(ServiceError):
+class NotFound(ServiceError, Http404):
+    # Also Django's Http404: pages answer 404; the API's ServiceError handler keeps its shape.
     status = 404
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from alerts import services, tasks
 from alerts.models import Channel, Notification
-from tests.alerts.conftest import BOUNCE_DOMAIN, HttpSink, Mailbox, flag_raise
+from tests.alerts.fixtures import BOUNCE_DOMAIN, HttpSink, Mailbox, flag_raise
 from tracker.models import Run
 
 S = Notification.Status

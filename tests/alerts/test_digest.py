@@ -8,7 +8,7 @@ from typing import Any
 from alerts import services, tasks
 from alerts.models import Digest
 from forecasting.models import Forecast
-from tests.alerts.conftest import Mailbox, flag_raise
+from tests.alerts.fixtures import Mailbox, flag_raise
 from tracker.models import Deadline, Project, Run
 
 MORNING = datetime(2026, 5, 30, 9, 0, tzinfo=UTC)

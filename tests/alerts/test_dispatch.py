@@ -12,7 +12,7 @@ from django.utils import timezone
 from alerts import services, tasks
 from alerts.models import Channel, Notification, Rule
 from forecasting.models import Flag
-from tests.alerts.conftest import HttpSink, Mailbox, flag_raise
+from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
 from tracker.models import Project, Run
 from tracker.services import run_finish
 

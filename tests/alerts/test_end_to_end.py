@@ -13,7 +13,7 @@ from runcast.settings import Settings
 from alerts import services as alert_services
 from alerts.models import Channel
 from forecasting.models import Flag
-from tests.alerts.conftest import HttpSink, Mailbox
+from tests.alerts.fixtures import HttpSink, Mailbox
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 

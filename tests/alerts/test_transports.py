@@ -14,7 +14,7 @@ from alerts.models import Channel, Notification
 from alerts.transports import TransportError, http
 from alerts.transports.webhook import verify
 from forecasting.models import Forecast
-from tests.alerts.conftest import HttpSink, Mailbox, flag_raise
+from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
 from tracker.models import Deadline, Run
 
 

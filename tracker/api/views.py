@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from tracker import limits, selectors, services
+from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.parsing import events_from_batch, json_check, series_from_batch
 from tracker.api.schemas import BatchIn, BatchOut, ErrorOut, FinishIn, RunCreateIn, RunOut
@@ -34,14 +35,6 @@ def _run_out(run: Run) -> RunOut:
         points=run.points_count,
         url=run_url(run),
     )
-
-
-def own_run(token: ApiToken, run_id: str) -> Run:
-    # Another project's run is indistinguishable from a missing one: 404, never 403.
-    run = selectors.run_get(project=token.project, public_id=run_id)
-    if run is None:
-        raise services.NotFound(f"no run {run_id!r} in this project", field="run_id")
-    return run
 
 
 @router.post("/runs", response={200: RunOut, 201: RunOut, **ERRORS}, summary="Create or resume")
@@ -85,7 +78,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
 def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOut:
     """Metrics in columnar form, events and a heartbeat. A retried (session, seq) is a no-op."""
     token = require_scope(request, ApiToken.Scope.WRITE)
-    run = own_run(token, run_id)
+    run = run_for_token(token=token, run_id=run_id)
     received = time.time()
     result = services.batch_ingest(
         run=run,
@@ -101,7 +94,7 @@ def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOu
 @router.post("/runs/{run_id}/finish", response={200: RunOut, **ERRORS}, summary="Finish a run")
 def run_finish(request: HttpRequest, run_id: str, payload: FinishIn) -> RunOut:
     token = require_scope(request, ApiToken.Scope.WRITE)
-    run = own_run(token, run_id)
+    run = run_for_token(token=token, run_id=run_id)
     ended = services.from_epoch(payload.time or time.time())
     return _run_out(services.run_finish(run=run, status=payload.status, ended_at=ended))
 
@@ -115,4 +108,4 @@ def run_list(request: HttpRequest, status: RunStatus | None = None) -> list[RunO
 @router.get("/runs/{run_id}", response={200: RunOut, **ERRORS}, summary="Read a run")
 def run_detail(request: HttpRequest, run_id: str) -> RunOut:
     token = require_scope(request, ApiToken.Scope.READ)
-    return _run_out(own_run(token, run_id))
+    return _run_out(run_for_token(token=token, run_id=run_id))

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from alerts import views
+from dashboard import alerts_views as views
 
+# The alert pages keep their own URL namespace ("alerts:channels"), served from dashboard/.
 app_name = "alerts"
 urlpatterns = [
     path("projects/<slug:project>/alerts/", views.project_alerts, name="history"),
@@ -24,6 +25,6 @@ urlpatterns = [
         name="channel-test",
     ),
     path("projects/<slug:project>/alerts/rules/", views.rule_list, name="rules"),
-    path("projects/<slug:project>/alerts/rules/<int:rule_id>/", views.rule_edit, name="rule-edit"),
+    path("projects/<slug:project>/alerts/rules/<slug:kind>/", views.rule_edit, name="rule-edit"),
     path("runs/<slug:project>/<str:run_id>/alerts/", views.run_alerts, name="run-history"),
 ]

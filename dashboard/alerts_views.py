@@ -1,37 +1,29 @@
-"""Alert pages: channels, rules and history. Parse, authorise (membership), call a service."""
+"""Alert pages: channels, rules and history. Parse, authorise (tracker.access), call a service
+or a selector of alerts/."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from alerts import selectors, services
-from alerts.forms import ChannelForm, RuleForm
-from alerts.kinds import BY_KEY
 from alerts.models import Channel
-from tracker import selectors as tracker_selectors
+from dashboard.alerts_forms import ChannelForm, RuleForm
+from tracker.access import membership_for, run_for
 from tracker.models import Membership
+
+# Changing channels and rules takes a member; viewers read.
+EDIT = Membership.Role.MEMBER
 
 HISTORY_LIMIT = 200
 
 
-def _membership(request: HttpRequest, project: str, *, edit: bool = False) -> Membership:
-    membership = tracker_selectors.membership_get(user=request.user, project_slug=project)
-    if membership is None:
-        # An outsider learns nothing, not even that the project exists.
-        raise Http404("no such project")
-    if edit and not membership.can_edit:
-        raise PermissionDenied("viewers cannot change alerts")
-    return membership
-
-
 @login_required
 def project_alerts(request: HttpRequest, project: str) -> HttpResponse:
-    membership = _membership(request, project)
+    membership = membership_for(user=request.user, project_slug=project)
     history = selectors.notification_list(project=membership.project)[:HISTORY_LIMIT]
     context = {"project": membership.project, "membership": membership, "history": history}
     return render(request, "alerts/history.html", context)
@@ -39,10 +31,8 @@ def project_alerts(request: HttpRequest, project: str) -> HttpResponse:
 
 @login_required
 def run_alerts(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
-    membership = _membership(request, project)
-    run = tracker_selectors.run_get(project=membership.project, public_id=run_id)
-    if run is None:
-        raise Http404("no such run")
+    membership = membership_for(user=request.user, project_slug=project)
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
     history = selectors.notification_list(project=membership.project, run=run)[:HISTORY_LIMIT]
     context = {
         "project": membership.project,
@@ -55,10 +45,10 @@ def run_alerts(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
 
 @login_required
 def channel_list(request: HttpRequest, project: str) -> HttpResponse:
-    membership = _membership(request, project)
+    membership = membership_for(user=request.user, project_slug=project)
     form = ChannelForm(request.POST or None) if request.method == "POST" else ChannelForm()
     if request.method == "POST":
-        _membership(request, project, edit=True)
+        membership_for(user=request.user, project_slug=project, need=EDIT)
         if form.is_valid():
             d = form.cleaned_data
             services.channel_create(
@@ -77,7 +67,7 @@ def channel_list(request: HttpRequest, project: str) -> HttpResponse:
 
 
 def _channel(request: HttpRequest, project: str, channel_id: int) -> tuple[Membership, Channel]:
-    membership = _membership(request, project, edit=True)
+    membership = membership_for(user=request.user, project_slug=project, need=EDIT)
     channel = selectors.channel_get(project=membership.project, channel_id=channel_id)
     if channel is None:
         raise Http404("no such channel")
@@ -130,34 +120,33 @@ def channel_test(request: HttpRequest, project: str, channel_id: int) -> HttpRes
 
 @login_required
 def rule_list(request: HttpRequest, project: str) -> HttpResponse:
-    membership = _membership(request, project)
-    services.rules_ensure_defaults(project=membership.project)
-    rules = [
-        (rule, BY_KEY.get(rule.kind)) for rule in selectors.rule_list(project=membership.project)
-    ]
-    context = {"project": membership.project, "membership": membership, "rules": rules}
+    membership = membership_for(user=request.user, project_slug=project)
+    rows = selectors.rule_rows(project=membership.project)
+    context = {"project": membership.project, "membership": membership, "rows": rows}
     return render(request, "alerts/rules.html", context)
 
 
 @login_required
-def rule_edit(request: HttpRequest, project: str, rule_id: int) -> HttpResponse:
-    membership = _membership(request, project, edit=True)
-    rule = selectors.rule_get(project=membership.project, rule_id=rule_id)
-    if rule is None:
+def rule_edit(request: HttpRequest, project: str, kind: str) -> HttpResponse:
+    membership = membership_for(user=request.user, project_slug=project, need=EDIT)
+    row = selectors.rule_row(project=membership.project, kind=kind)
+    if row is None:
         raise Http404("no such rule")
+    rule = row.rule
     initial = {
         "severity": rule.severity,
         "threshold": rule.threshold,
         "muted": rule.muted,
         "cooldown": rule.cooldown,
-        "channels": list(rule.channels.all()),
+        "channels": row.channels,
     }
     data = request.POST if request.method == "POST" else None
     form = RuleForm(data, initial=initial, project=membership.project, rule=rule)
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         services.rule_update(
-            rule=rule,
+            project=membership.project,
+            kind=kind,
             severity=d["severity"],
             threshold=d.get("threshold", rule.threshold),
             channels=list(d["channels"]),
@@ -166,10 +155,5 @@ def rule_edit(request: HttpRequest, project: str, rule_id: int) -> HttpResponse:
         )
         messages.success(request, "Rule saved.")
         return redirect("alerts:rules", project=project)
-    context = {
-        "project": membership.project,
-        "rule": rule,
-        "kind": BY_KEY.get(rule.kind),
-        "form": form,
-    }
+    context = {"project": membership.project, "rule": rule, "kind": row.kind, "form": form}
     return render(request, "alerts/rule_edit.html", context)

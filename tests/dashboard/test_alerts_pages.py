@@ -10,7 +10,7 @@ from django.test import Client
 
 from alerts import services
 from alerts.models import Channel, Notification, Rule
-from tests.alerts.conftest import HttpSink, flag_raise
+from tests.alerts.fixtures import HttpSink, flag_raise
 from tracker.models import Run
 
 READ = {"owner": 200, "member": 200, "viewer": 200, "outsider": 404}
@@ -200,7 +200,7 @@ def test_it_lets_editors_edit_a_rule(
     services.rules_ensure_defaults(project=run.project)
     rule = Rule.objects.get(project=run.project, kind="slip")
     login(client, request, role)
-    url = f"/projects/llm/alerts/rules/{rule.pk}/"
+    url = "/projects/llm/alerts/rules/slip/"
     assert client.get(url).status_code == EDIT_PAGE[role]
     response = client.post(
         url,
@@ -222,21 +222,36 @@ def test_it_lets_editors_edit_a_rule(
         assert (rule.severity, rule.threshold, rule.muted) == ("warning", 3.0, False)
 
 
-def test_it_lists_default_rules_on_first_visit(client: Client, viewer: User, run: Run) -> None:
+def test_it_lists_default_rules_on_first_visit_without_writing(
+    client: Client, viewer: User, member: User, run: Run
+) -> None:
     client.force_login(viewer)
     page = client.get("/projects/llm/alerts/rules/").content.decode()
     assert "Loss became NaN/Inf" in page and "Deadline at risk" in page
     assert "Edit" not in page
+    client.force_login(member)
+    assert client.get("/projects/llm/alerts/rules/deadline/").status_code == 200
+    assert not Rule.objects.filter(project=run.project).exists()  # a GET writes nothing
+
+
+def test_it_saves_a_default_rule_on_its_first_edit(client: Client, member: User, run: Run) -> None:
+    client.force_login(member)
+    response = client.post(
+        "/projects/llm/alerts/rules/deadline/",
+        {"severity": "warning", "threshold": "0.3", "cooldown": "01:00:00"},
+    )
+    assert response.status_code == 302
+    rule = Rule.objects.get(project=run.project, kind="deadline")
+    assert (rule.severity, rule.threshold) == ("warning", 0.3)
+    assert client.get("/projects/llm/alerts/rules/no-such-kind/").status_code == 404
 
 
 def test_it_mutes_a_rule_from_the_page(
     client: Client, member: User, run: Run, channel: Channel
 ) -> None:
-    services.rules_ensure_defaults(project=run.project)
-    rule = Rule.objects.get(project=run.project, kind="nan")
     client.force_login(member)
     client.post(
-        f"/projects/llm/alerts/rules/{rule.pk}/",
+        "/projects/llm/alerts/rules/nan/",
         {"severity": "critical", "muted": "on", "cooldown": "01:00:00"},
     )
 
@@ -253,7 +268,7 @@ def test_it_refuses_a_cooldown_out_of_range(
     rule = Rule.objects.get(project=run.project, kind="nan")
     client.force_login(member)
     response = client.post(
-        f"/projects/llm/alerts/rules/{rule.pk}/", {"severity": "critical", "cooldown": cooldown}
+        "/projects/llm/alerts/rules/nan/", {"severity": "critical", "cooldown": cooldown}
     )
     assert response.status_code == 200
     assert "cooldown" in response.context["form"].errors
