@@ -230,7 +230,8 @@ def flag_dispatch(*, flag_id: int, now: datetime | None = None) -> list[Notifica
 def run_end_dispatch(*, run_id: int) -> list[Notification]:
     """Notify a run's ending (finished / failed / reported crashed). Idempotent per ending."""
     run = Run.objects.select_related("project", "deadline").filter(pk=run_id).first()
-    if run is None or not _has_ended(run):
+    # A crash the sweeper only inferred arrives as a "stalled" flag instead: not announced twice.
+    if run is None or not run.has_ended:
         return []
     kind = "finished" if run.status == Run.Status.FINISHED else "failed"
     event = Event(
@@ -245,14 +246,6 @@ def run_end_dispatch(*, run_id: int) -> list[Notification]:
     )
     with transaction.atomic():
         return _notifications_create(event=event)
-
-
-def _has_ended(run: Run) -> bool:
-    if run.status in (Run.Status.FINISHED, Run.Status.FAILED):
-        return True
-    # A crash the client reported has an ended_at. One the sweeper detected has none: it arrives
-    # as a "stalled" flag instead, so it is not announced twice.
-    return run.status == Run.Status.CRASHED and run.ended_at is not None
 
 
 def runs_ended_dispatch(*, now: datetime | None = None) -> int:

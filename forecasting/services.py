@@ -240,9 +240,17 @@ def _divergence_conditions(
 
 @transaction.atomic
 def flags_sync(
-    *, run: Run, conditions: list[Condition], kinds: tuple[str, ...], now: datetime
+    *,
+    run: Run,
+    conditions: list[Condition],
+    kinds: tuple[str, ...],
+    now: datetime,
+    reason: str | None = None,
 ) -> list[Flag]:
-    """Write a Flag row for each change: raised, updated (onset moved) or resolved."""
+    """Write a Flag row for each change: raised, updated (onset moved) or resolved.
+
+    `reason` says why absent conditions resolve, when it is not that they cleared.
+    """
     Run.objects.select_for_update().filter(pk=run.pk).first()  # serialise concurrent syncs
     current = {c.kind: c for c in conditions}
     open_flags = selectors.flags_open(run=run)
@@ -255,7 +263,8 @@ def flags_sync(
         written.append(_flag_write(run, cond, state, prev.state if prev else "", now))
     for kind, prev in open_flags.items():
         if kind in kinds and kind not in current:
-            cond = Condition(kind, f"{kind} cleared: {prev.explanation}", None, prev.onset_step)
+            text = f"{kind} resolved: {reason}" if reason else f"{kind} cleared: {prev.explanation}"
+            cond = Condition(kind, text, None, prev.onset_step)
             written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     return written
 
@@ -295,11 +304,19 @@ def _flag_write(run: Run, cond: Condition, state: str, previous: str, now: datet
 
 
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
-    """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress)."""
+    """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress); once its
+    client reports its end, close the stalled flag with that reason."""
     now = now or timezone.now()
     run = Run.objects.select_related("project").filter(pk=run_id).first()
-    if run is None or not run.is_active:
+    if run is None:
         return []
+    if run.has_ended:
+        reason = f"the run {run.status}"
+        return flags_sync(
+            run=run, conditions=[], kinds=(Flag.Kind.STALLED,), now=now, reason=reason
+        )
+    if not run.is_active:
+        return []  # a crash the sweeper inferred: its stalled flag stays open
     beats = np.array(
         [
             t.timestamp()
@@ -316,7 +333,7 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
     stall = detect_stall(beats, progress_t, progress_s, now=now.timestamp())
     conditions = []
     if stall is not None and stall.stalled:
-        status = Run.Status.CRASHED if stall.kind == "no_heartbeat" else Run.Status.STALLED
+        status = Run.silent_status(heartbeat_lost=stall.kind == "no_heartbeat")
         Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE_STATUSES).update(status=status)
         conditions.append(
             Condition(Flag.Kind.STALLED, stall.explanation, stall.silent_s, None, stall.to_dict())

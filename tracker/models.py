@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, available_timezones
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Case, F, Value, When
 from django.utils.timezone import now
 
 
@@ -140,7 +141,17 @@ class Run(models.Model):
         TOKENS = "tokens"
         SAMPLES = "samples"
 
+    # The lifecycle, in one place (services apply it with conditional UPDATEs, so concurrent
+    # requests cannot step over each other):
+    #   create, or the first batch of an unseen session (a new attempt) -> running, not ended
+    #   a batch: stalled -> running; crashed as the sweeper inferred it -> running. An ending
+    #     the client reported (ended_at set) stays: its spool may still deliver late batches.
+    #   finish(status, session) from the current attempt, or without a session -> that status,
+    #     ended_at set; from an older attempt (a spool replayed after a resume) -> ignored
+    #   liveness sweep, active runs only: silent but beating -> stalled; no heartbeat ->
+    #     crashed, inferred (no ended_at), so the next batch revives it
     ACTIVE_STATUSES = (Status.RUNNING, Status.STALLED)
+    FINISH_STATUSES = (Status.FINISHED, Status.FAILED, Status.CRASHED)
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
     # Public id: supplied by the client so a restarted job resumes the same run.
@@ -180,6 +191,37 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE_STATUSES
+
+    @property
+    def has_ended(self) -> bool:
+        """Ended as the client reported it (not a crash the sweeper only inferred)."""
+        return self.status in self.FINISH_STATUSES and self.ended_at is not None
+
+    @property
+    def crash_inferred(self) -> bool:
+        return self.status == self.Status.CRASHED and self.ended_at is None
+
+    def finish_applies(self, *, attempt: int | None) -> bool:
+        """Does a finish from this attempt (segment number; None: unsaid) end the run?"""
+        return attempt is None or attempt >= self.current_segment
+
+    @classmethod
+    def silent_status(cls, *, heartbeat_lost: bool) -> str:
+        return cls.Status.CRASHED if heartbeat_lost else cls.Status.STALLED
+
+    @classmethod
+    def status_when_heard(cls) -> Case:
+        """The status after a batch arrives, as an UPDATE expression (see the lifecycle)."""
+        return Case(
+            When(status=cls.Status.STALLED, then=Value(cls.Status.RUNNING)),
+            When(status=cls.Status.CRASHED, ended_at__isnull=True, then=Value(cls.Status.RUNNING)),
+            default=F("status"),
+        )
+
+    @classmethod
+    def reopened(cls) -> dict[str, object]:
+        """The fields a new attempt (a resume) sets."""
+        return {"status": cls.Status.RUNNING, "ended_at": None}
 
     @property
     def progress(self) -> float | None:

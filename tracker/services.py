@@ -174,8 +174,8 @@ def _run_update_on_resume(*, run: Run, fields: dict[str, Any], deadline: Deadlin
             setattr(run, name, value)
     if deadline is not None:
         run.deadline = deadline
-    run.status = Run.Status.RUNNING
-    run.ended_at = None
+    for name, value in Run.reopened().items():
+        setattr(run, name, value)
     run.last_seen_at = timezone.now()
     run.save()
 
@@ -201,7 +201,11 @@ def _segment_for_session(*, run: Run, session: str) -> RunSegment:
     # Look again under the lock: a concurrent batch of the same new session may have opened it
     # while this one waited, and a second segment for one session breaks its unique key.
     segment = run.segments.filter(session=session).first()
-    return segment if segment is not None else _segment_open(run=run, session=session)
+    if segment is not None:
+        return segment
+    # A new attempt speaking is a resume, even of a run an earlier attempt ended.
+    Run.objects.filter(pk=run.pk).update(**Run.reopened())
+    return _segment_open(run=run, session=session)
 
 
 def batch_ingest(
@@ -298,24 +302,32 @@ def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points:
             low = int(min(int(a.min()) for a in nonempty))
             RunSegment.objects.filter(pk=segment.pk, first_step__isnull=True).update(first_step=low)
     # A stalled run that speaks again is running again, and so is one the sweeper took for
-    # crashed (no ended_at: it only stopped hearing it, e.g. a network outage the client spooled
-    # through). One that ended (finished, failed, or a crash the client reported) stays ended.
-    updates["status"] = Case(
-        When(status=Run.Status.STALLED, then=Value(Run.Status.RUNNING)),
-        When(status=Run.Status.CRASHED, ended_at__isnull=True, then=Value(Run.Status.RUNNING)),
-        default=F("status"),
-    )
+    # crashed (e.g. a network outage the client spooled through); a reported ending stays.
+    updates["status"] = Run.status_when_heard()
     Run.objects.filter(pk=run.pk).update(**updates)
 
 
 @transaction.atomic
-def run_finish(*, run: Run, status: str, ended_at: datetime) -> Run:
-    if status not in (Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CRASHED):
+def run_finish(*, run: Run, status: str, ended_at: datetime, session: str | None = None) -> Run:
+    """End a run as its client reports it. A repeated finish changes nothing and tells no one
+    again; a finish from an attempt older than the current one (a spool replayed after a
+    resume) does not end the resumed run."""
+    if status not in Run.FINISH_STATUSES:
         raise ServiceError(f"cannot finish a run as {status!r}", field="status")
-    changed = Run.objects.filter(pk=run.pk).update(
-        status=status, ended_at=ended_at, last_seen_at=timezone.now()
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    attempt = None
+    if session is not None:
+        # An unknown session is no attempt of this run's: treated as older than any.
+        attempt = run.segments.filter(session=session).values_list("number", flat=True).first()
+        attempt = attempt if attempt is not None else -1
+    if not run.finish_applies(attempt=attempt):
+        logger.info("finish of run %s from an older attempt ignored", run.pk)
+        return Run.objects.select_related("project", "deadline").get(pk=run.pk)
+    changed = (
+        Run.objects.filter(pk=run.pk)
+        .exclude(status=status, ended_at__isnull=False)
+        .update(status=status, ended_at=ended_at, last_seen_at=timezone.now())
     )
-    run.refresh_from_db()
     if changed:
         transaction.on_commit(lambda: _notify(run_finished, run.pk))
-    return run
+    return Run.objects.select_related("project", "deadline").get(pk=run.pk)

@@ -96,7 +96,10 @@ def run_finish(request: HttpRequest, run_id: str, payload: FinishIn) -> RunOut:
     token = require_scope(request, ApiToken.Scope.WRITE)
     run = run_for_token(token=token, run_id=run_id)
     ended = services.from_epoch(payload.time or time.time())
-    return _run_out(services.run_finish(run=run, status=payload.status, ended_at=ended))
+    finished = services.run_finish(
+        run=run, status=payload.status, ended_at=ended, session=payload.session
+    )
+    return _run_out(finished)
 
 
 @router.get("/runs", response={200: list[RunOut], **ERRORS}, summary="List runs")
