@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import os
 import re
@@ -18,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Union
 
-from runcast import lifecycle, transport
+from runcast import create, lifecycle, transport
 from runcast.batcher import Event
 from runcast.sender import Sender
 from runcast.settings import Settings, resolve
@@ -233,7 +232,9 @@ def init(
             " and start with a letter or digit"
         )
     # The GPU count prices wasted compute; WORLD_SIZE is right for one process per GPU.
-    rank, world_size = _rank(), world_size or _env_int("WORLD_SIZE")
+    rank = _rank()
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
     if resolved.mode == "disabled" or (rank not in (None, 0) and not all_ranks):
         return NoOpRun(run_id if (id or os.environ.get("RUNCAST_RUN_ID")) else None)
     if resolved.mode == "online" and not resolved.url:
@@ -241,17 +242,27 @@ def init(
         resolved.mode = "offline"
     if resolved.mode == "online" and not resolved.token:
         logger.warning("runcast: RUNCAST_TOKEN is not set; the server will likely refuse")
+    project = str(project or os.environ.get("RUNCAST_PROJECT") or "") or None
+    if project is not None and not create.SLUG_PATTERN.fullmatch(project):
+        # Like a bad run id: the server would refuse every create of this run (no project has
+        # that slug), and sending it elsewhere would misfile it.
+        raise ValueError(
+            f"project {project[:80]!r} must be a project slug: 1-64 of letters, digits, '-', '_'"
+        )
+    # Optional fields the server would refuse are dropped or trimmed, with a warning each.
     body = {
         "id": run_id,
-        "project": project or os.environ.get("RUNCAST_PROJECT") or None,
-        "name": name,
-        "total_steps": None if total_steps is None else int(total_steps),
+        "project": project,
+        "name": create.name(name),
+        "total_steps": create.total_steps(total_steps),
         "progress_unit": unit,
-        "config": _jsonable_config(config),
-        "tags": [str(tag) for tag in tags or ()],
-        "world_size": world_size,
-        "hosts": [socket.gethostname()],
-        "deadline": deadline,
+        "config": create.config(config),
+        "tags": create.labels("tags", tags, create.MAX_TAGS, create.MAX_TAG_LENGTH),
+        "world_size": create.world_size(world_size),
+        "hosts": create.labels(
+            "hosts", [socket.gethostname()], create.MAX_HOSTS, create.MAX_HOST_LENGTH
+        ),
+        "deadline": create.deadline(deadline),
         "session": uuid.uuid4().hex,
         "started_at": _time.time(),
     }
@@ -268,17 +279,3 @@ def _env_int(name: str) -> int | None:
         return int(raw) if raw not in (None, "") else None
     except ValueError:
         return None
-
-
-def _jsonable_config(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    if not isinstance(config, Mapping) and hasattr(config, "__dict__"):
-        config = vars(config)  # argparse.Namespace and simple objects
-    try:
-        # default=str: a Path or a dtype in the config should not stop the run.
-        cleaned: dict[str, Any] = json.loads(json.dumps(dict(config), default=str))
-    except (TypeError, ValueError) as exc:
-        logger.warning("runcast: config is not JSON-serialisable (%s); sent empty", exc)
-        return {}
-    return cleaned

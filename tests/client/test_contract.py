@@ -9,7 +9,10 @@ batch (400/413, dropped), a value the client refuses but the server takes is dat
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
+import socket
 import uuid
 from pathlib import Path
 from typing import Any, get_args
@@ -18,12 +21,13 @@ import pytest
 import runcast
 from pydantic import TypeAdapter, ValidationError
 from runcast import batcher
+from runcast import create as create_module
 from runcast.run import RUN_ID_PATTERN, STATUSES, UNITS
 from runcast.settings import DEFAULT_BATCH_POINTS, DEFAULT_MAX_BODY_BYTES, Settings, resolve
 
 from tracker import limits
 from tracker.api import schemas
-from tracker.api.parsing import events_from_batch, series_from_batch
+from tracker.api.parsing import events_from_batch, json_check, series_from_batch
 from tracker.models import Event, Run
 from tracker.services import ServiceError
 
@@ -229,3 +233,148 @@ def test_create_and_finish_bodies_validate_as_the_servers(tmp_path: Path, status
     finish = schemas.FinishIn.model_validate_json((folder / "finish.json").read_bytes())
     assert create.id == run.id and create.session == run.session
     assert finish.status == status and finish.session == run.session
+
+
+# -- a create the server would refuse blocks the whole run: init() must never send one --
+
+
+def _server_takes_create(body: bytes) -> bool:
+    """Every check tracker.api.views.run_create makes before it writes (bar the token's project
+    and whether the deadline exists, which only the database knows)."""
+    try:
+        create = schemas.RunCreateIn.model_validate_json(body)
+        json_check(create.config, field="config")
+        if len(json.dumps(create.config, default=str)) > limits.MAX_CONFIG_BYTES:
+            return False
+    except (ValidationError, ServiceError):
+        return False
+    # Deadline slugs are only ever made by slugify(): anything else can never be found.
+    return create.deadline is None or bool(re.fullmatch(r"[-a-zA-Z0-9_]{1,64}", create.deadline))
+
+
+def _client_create(tmp_path: Path, **kwargs: Any) -> dict:
+    """The create body runcast.init(**kwargs) puts on the wire, checked against the server."""
+    run = runcast.init(id="contract-1", mode="offline", dir=tmp_path, **kwargs)
+    assert isinstance(run, runcast.Run), "a bad optional value must not cost the run"
+    run.finish()
+    (path,) = tmp_path.rglob("create.json")
+    body = path.read_bytes()
+    assert _server_takes_create(body), body[:300]
+    return json.loads(body)
+
+
+def test_create_limits_are_the_servers() -> None:
+    assert create_module.MAX_TAGS == limits.MAX_TAGS
+    assert create_module.MAX_HOSTS == limits.MAX_HOSTS
+    assert create_module.MAX_CONFIG_BYTES == limits.MAX_CONFIG_BYTES
+
+
+_CONFIG_AT_LIMIT = {"blob": "x" * (limits.MAX_CONFIG_BYTES - len('{"blob": ""}'))}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({"name": "n" * 200}, {"name": "n" * 200}, id="name-at-limit"),
+        pytest.param({"tags": [str(i) for i in range(64)]}, {"tags": [str(i) for i in range(64)]}),
+        pytest.param({"world_size": 10_000_000}, {"world_size": 10_000_000}, id="world-at-limit"),
+        pytest.param({"total_steps": 2**62}, {"total_steps": 2**62}, id="steps-at-limit"),
+        pytest.param({"deadline": "d" * 64}, {"deadline": "d" * 64}, id="deadline-at-limit"),
+        pytest.param({"config": _CONFIG_AT_LIMIT}, {"config": _CONFIG_AT_LIMIT}, id="config-limit"),
+    ],
+)
+def test_values_the_server_takes_are_sent_unchanged(
+    tmp_path: Path, kwargs: dict, expected: dict
+) -> None:
+    body = _client_create(tmp_path, **kwargs)
+    assert {key: body[key] for key in expected} == expected
+
+
+_CONVERTED_QUIETLY = {"name-not-str", "world-size-text", "tags-one-string"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({"total_steps": 0}, {"total_steps": None}, id="total-steps-zero"),
+        pytest.param({"total_steps": -5}, {"total_steps": None}, id="total-steps-negative"),
+        pytest.param({"total_steps": 2**62 + 1}, {"total_steps": None}, id="total-steps-huge"),
+        pytest.param({"total_steps": math.inf}, {"total_steps": None}, id="total-steps-inf"),
+        pytest.param({"total_steps": "lots"}, {"total_steps": None}, id="total-steps-text"),
+        pytest.param({"name": "n" * 201}, {"name": "n" * 200}, id="name-too-long"),
+        pytest.param({"name": "a\x00b"}, {"name": "ab"}, id="name-nul"),
+        pytest.param({"name": 7}, {"name": "7"}, id="name-not-str"),
+        pytest.param(
+            {"tags": [str(i) for i in range(100)]},
+            {"tags": [str(i) for i in range(64)]},
+            id="too-many-tags",
+        ),
+        pytest.param({"tags": ["a\x00b", "c"]}, {"tags": ["ab", "c"]}, id="tag-nul"),
+        pytest.param({"tags": ["t" * 10_000]}, {"tags": ["t" * 200]}, id="tag-too-long"),
+        pytest.param({"tags": "baseline"}, {"tags": ["baseline"]}, id="tags-one-string"),
+        pytest.param({"world_size": 0}, {"world_size": None}, id="world-size-zero"),
+        pytest.param({"world_size": 10_000_001}, {"world_size": None}, id="world-size-huge"),
+        pytest.param({"world_size": "8"}, {"world_size": 8}, id="world-size-text"),
+        pytest.param({"world_size": "many"}, {"world_size": None}, id="world-size-junk"),
+        pytest.param({"deadline": "d" * 65}, {"deadline": None}, id="deadline-too-long"),
+        pytest.param({"deadline": "a\x00b"}, {"deadline": None}, id="deadline-nul"),
+        pytest.param({"deadline": "Neurips 2026!"}, {"deadline": None}, id="deadline-not-slug"),
+        pytest.param(
+            {"config": {"lr": 0.1, "clip": math.inf, "bad": [math.nan, -math.inf]}},
+            {"config": {"lr": 0.1, "clip": "Infinity", "bad": ["NaN", "-Infinity"]}},
+            id="config-nan-inf",
+        ),
+        pytest.param(
+            {"config": {"lr": 0.1, "p\x00th": {"x": "a\x00b"}}},
+            {"config": {"lr": 0.1, "pth": {"x": "ab"}}},
+            id="config-nul",
+        ),
+        pytest.param(
+            {"config": {"lr": 0.1, "vocab": ["w" * 100] * 5_000, "opt": "adam"}},
+            {"config": {"lr": 0.1, "opt": "adam"}},
+            id="config-too-big",
+        ),
+        pytest.param(
+            # Measured as the server measures it: json.dumps escapes non-ASCII (6 bytes each).
+            {"config": {"lr": 0.1, "text": "é" * 50_000}},
+            {"config": {"lr": 0.1}},
+            id="config-too-big-escaped",
+        ),
+        pytest.param({"name": "ok\ud800"}, {"name": "ok?"}, id="name-lone-surrogate"),
+    ],
+)
+def test_init_sends_what_the_server_takes_and_keeps_the_run(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+    kwargs: dict,
+    expected: dict,
+) -> None:
+    base = {"name": "n", "total_steps": 10, "tags": ["keep"], "config": {"lr": 0.1}}
+    body = _client_create(tmp_path, **{**base, **kwargs})
+    assert {key: body[key] for key in expected} == expected
+    # Everything else is sent as given.
+    for key, value in base.items():
+        if key not in kwargs:
+            assert body[key] == value
+    # One warning naming the field, unless the value was only converted (7 -> "7").
+    (field,) = kwargs
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if request.node.callspec.id not in _CONVERTED_QUIETLY:
+        assert [m for m in warnings if field in m], warnings
+    assert len(warnings) <= 1, warnings
+
+
+def test_hosts_are_sent_as_the_server_takes_them(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "node\x00" + "x" * 300)
+    body = _client_create(tmp_path)
+    assert body["hosts"] == [("node" + "x" * 300)[:255]]
+
+
+@pytest.mark.parametrize("project", ["a\x00b", "p" * 65, "my project", "llm\n"])
+def test_init_refuses_a_project_that_cannot_exist(tmp_path: Path, project: str) -> None:
+    # The project decides where the data goes: guessing another would misfile the run, so
+    # init() refuses it the way it refuses a bad run id, before training starts.
+    with pytest.raises(ValueError, match="project"):
+        runcast.init(project=project, mode="offline", dir=tmp_path)
+    assert not list(tmp_path.rglob("create.json"))

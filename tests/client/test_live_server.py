@@ -204,3 +204,26 @@ def test_it_keeps_the_batch_when_one_entry_breaks_a_server_limit(
     assert sorted(set(steps.tolist()) - {5}) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
     assert Run.objects.get(public_id="limits-1").status == "finished"
     assert not list(spool_dir.rglob("*.json")), "nothing left in the spool"
+
+
+def test_hostile_create_values_do_not_cost_the_run(live_server, fast_settings, spool_dir):
+    # Each of these alone made the server refuse the create, and the whole run with it.
+    run = runcast.init(
+        project="live",
+        id="hostile-1",
+        name="n\x00" + "x" * 300 + "\udc80",
+        total_steps=0,
+        config={"clip": float("inf"), "p\x00": "a\x00b", "vocab": ["w" * 100] * 5_000},
+        tags=[f"t{i}\x00" for i in range(100)],
+        world_size=0,
+        deadline="no such deadline, not a slug",
+        settings=fast_settings(live_server.url),
+    )
+    for step in range(10):
+        run.log({"loss": 1.0}, step=step)
+    run.finish(timeout=5)
+    assert stored("hostile-1", "loss").tolist() == list(range(10))
+    saved = Run.objects.get(public_id="hostile-1")
+    assert saved.status == "finished" and len(saved.name) == 200 and len(saved.tags) == 64
+    assert saved.config == {"clip": "Infinity", "p": "ab"}
+    assert not list(spool_dir.rglob("*.json")), "nothing left in the spool"
