@@ -129,10 +129,6 @@ class Notification(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} {self.event} on {self.run} via {self.channel} ({self.status})"
 
-    @property
-    def is_resolved(self) -> bool:
-        return self.event == Flag.State.RESOLVED
-
 
 class Digest(models.Model):
     """One daily summary per project per local day: its row makes it exactly-once."""

@@ -95,7 +95,3 @@ class Flag(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.state} on {self.run}"
-
-    @property
-    def is_open(self) -> bool:
-        return self.state != self.State.RESOLVED

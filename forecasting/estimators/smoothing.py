@@ -63,10 +63,3 @@ def local_level(steps: np.ndarray, values: np.ndarray, window: int) -> float:
     level = float(icpt + np.median(resid))
     # A line fitted to a short noisy window can tip; never leave the window's own range.
     return float(np.clip(level, np.min(v), np.max(v)))
-
-
-def interp_at(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
-    """np.interp that tolerates empty inputs (returns NaN)."""
-    if len(xp) == 0:
-        return np.full(np.shape(x), np.nan)
-    return np.interp(x, xp, fp)
