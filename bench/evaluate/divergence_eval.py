@@ -32,7 +32,7 @@ from bench.evaluate.injection import (
     run_rng,
 )
 from curveset import CurveRun
-from forecasting.estimators.divergence import detect_divergence, spike_alarms
+from forecasting.estimators.divergence import KINDS, detect_divergence, spike_alarms
 from forecasting.estimators.smoothing import clean_series
 
 METHODS = ("runcast", "megatron", "llm_foundry")
@@ -277,7 +277,7 @@ def open_flag_rows(runs: list[CurveRun]) -> list[dict[str, object]]:
             keep = s <= s[0] + q * (s[-1] - s[0])
             kinds = {f.kind for f in detect_divergence(s[keep], v[keep])}
             row: dict[str, object] = {"family": run.family, "cutoff": q}
-            for kind in ("spike", "rise", "oscillation", "regression", "nan"):
+            for kind in KINDS:
                 row[kind] = float(kind in kinds)
             rows.append(row)
     return rows
@@ -378,7 +378,7 @@ def _open_summary(rows: list[dict[str, object]]) -> dict[str, dict[str, float | 
     out: dict[str, dict[str, float | None]] = {}
     if df.empty:
         return out
-    for kind in ("spike", "rise", "oscillation", "regression", "nan"):
+    for kind in KINDS:
         by_cut = {}
         for q, part in df.groupby("cutoff"):
             by_cut[str(q)] = _family_mean(part.groupby("family")[kind].mean().to_dict())

@@ -20,10 +20,14 @@ from forecasting.estimators.formatting import span
 from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, keep_latest
 
+# What detect_divergence raises; forecasting.models.Flag.Kind spells the same kinds for storage
+# (tests/forecasting/test_divergence.py holds the two together).
+KINDS = ("nan", "spike", "rise", "oscillation", "regression")
+
 
 @dataclass
 class DivergenceFlag:
-    kind: str  # "nan" | "spike" | "rise" | "oscillation" | "regression"
+    kind: str  # one of KINDS
     onset_step: float
     onset_index: int
     detected_step: float

@@ -185,3 +185,10 @@ def test_real_documented_spikes_detected_and_clean_curve_quiet() -> None:
     s, v = clean.column("step"), clean.column("train_loss")
     ok = np.isfinite(v)
     assert not spike_alarms(s[ok], v[ok]).any()
+
+
+def test_the_estimator_and_the_flag_model_spell_the_same_kinds() -> None:
+    from forecasting.estimators.divergence import KINDS
+    from forecasting.models import Flag
+
+    assert set(KINDS) == set(Flag.DIVERGENCE_KINDS) <= set(Flag.Kind.values)
