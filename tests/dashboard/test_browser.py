@@ -10,6 +10,7 @@ import os
 import shutil
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,8 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture
-def page(browser: Any, live_server: Any, owner: Any, project: Any) -> Iterator[Any]:
-    seed(project, now=timezone.now())
+@contextmanager
+def _logged_in(browser: Any, live_server: Any) -> Iterator[Any]:
     ctx = browser.new_context(viewport={"width": 1600, "height": 1000}, timezone_id="Europe/Berlin")
     pg = ctx.new_page()
     errors: list[str] = []
@@ -68,6 +68,20 @@ def page(browser: Any, live_server: Any, owner: Any, project: Any) -> Iterator[A
     yield pg
     ctx.close()
     assert errors == []
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any, owner: Any, project: Any) -> Iterator[Any]:
+    seed(project, now=timezone.now())
+    with _logged_in(browser, live_server) as pg:
+        yield pg
+
+
+@pytest.fixture
+def bare_page(browser: Any, live_server: Any, owner: Any) -> Iterator[Any]:
+    """Logged in, nothing seeded: the test builds the run it looks at."""
+    with _logged_in(browser, live_server) as pg:
+        yield pg
 
 
 def _shot(pg: Any, name: str) -> None:
