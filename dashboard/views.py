@@ -156,6 +156,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
             "run": run.public_id,
             "name": str(run),
             "active": run.is_active,
+            "started_at": run.started_at.timestamp(),
             "loss_key": loss_key,
             "keys": keys,
             "eta_history": eta_history(run=run, limit=2000),

@@ -41,7 +41,7 @@
       opts: R.merge(
         {
           scales: { x: { time: false }, y: log ? { distr: 3, range: R.logRange } : {} },
-          axes: [{ values: R.fmtStep, label: "step", labelSize: 18 }, { size: 56 }],
+          axes: [R.axis({ values: R.fmtStep, label: "step", labelSize: 18 }), R.axis()],
           series: [
             { label: "step" },
             { label: "min", stroke: "rgba(31,78,140,0.25)", width: 1, points: { show: false } },
@@ -59,7 +59,8 @@
         },
         R.overlay(
           () => (ov ? ov.markers : []),
-          () => (ov && ov.target != null ? [{ y: ov.target, label: "target " + ov.target, color: "#1e8e3e", dash: [8, 4] }] : [])
+          () => (ov && ov.target != null ? [{ y: ov.target, label: "target " + ov.target, color: "#1e8e3e", dash: [8, 4] }] : []),
+          () => d.nonfinite_steps
         ),
         { hooks: { ready: [(u) => (window.runcastCharts.loss = u)] } }
       ),
@@ -82,29 +83,39 @@
     // Early forecasts are wide; the range follows the medians, the latest band and the cutoff
     // so the recent history stays readable (the early band is clipped, not hidden).
     const last = h.length ? h[h.length - 1] : null;
-    const ys = h.map((r) => r[2]).concat(lines.map((l) => l.y)).concat(last ? [last[1], last[3]] : []);
+    const ys = h.map((r) => r[2]).concat(lines.map((l) => l.y)).concat(last ? [last[1], last[3]] : []).filter((v) => v != null);
     const lo = Math.min(...ys), hi = Math.max(...ys);
     const pad = Math.max(600, (hi - lo) * 0.25);
+    // x runs from the run's start to the latest forecast (a minute at least), so one early
+    // forecast sits where it was made, not at the edge of a fixed hour.
+    const first = h.length ? h[0][0] : null;
+    const x0 = ov && ov.started_at != null && first != null ? Math.min(ov.started_at, first) : first;
+    const x1 = last ? Math.max(last[0], x0 + 60) : null;
+    const xpad = (x1 - x0) * 0.03;
+    const few = h.length <= 3;
     const opts = R.merge(
       {
         width: etaEl.clientWidth || 600,
         height: 240,
-        // At least an hour of x so one or two early forecasts don't get minute-wide ticks.
         scales: {
-          x: { time: true, range: (u, min, max) => (max - min < 3600 ? [max - 3600, max + 300] : [min, max]) },
-          y: { auto: false, range: [lo - pad, hi + pad] },
+          x: { time: true, auto: false, range: () => [x0, x1 + xpad] },
+          y: { time: true, auto: false, range: () => [lo - pad, hi + pad] },
         },
-        axes: [{ values: (u, vals) => vals.map(R.fmtClock), space: 70 }, { size: 88, values: (u, vals) => vals.map(R.fmtEpoch) }],
+        axes: [
+          R.timeAxis({ label: "forecast made (" + R.zoneName(last && last[0]) + ")", labelSize: 18 }),
+          R.timeAxis({ label: "finish (" + R.zoneName(last && last[2]) + ")", labelSize: 18, space: 40 }),
+        ],
         series: [
-          { label: "forecast at" },
+          { label: "forecast at", value: (u, v) => R.fmtEpoch(v) },
           { label: "P10", stroke: "rgba(31,78,140,0.35)", value: (u, v) => R.fmtEpoch(v), points: { show: false } },
-          { label: "P50 finish", stroke: "#1f4e8c", width: 2, value: (u, v) => R.fmtEpoch(v), points: { show: h.length < 40 } },
+          { label: "P50 finish", stroke: "#1f4e8c", width: 2, value: (u, v) => R.fmtEpoch(v), points: { show: h.length < 40, size: few ? 10 : 6, width: 2, fill: "#1f4e8c" } },
           { label: "P90", stroke: "rgba(31,78,140,0.35)", value: (u, v) => R.fmtEpoch(v), points: { show: false } },
         ],
         bands: [{ series: [3, 1], fill: "rgba(31,78,140,0.12)" }],
       },
       R.overlay(() => [], () => lines),
-      { hooks: { ready: [(u) => (window.runcastCharts.eta = u)] } }
+      // With a forecast or three the band has no width: each one's P10–P90 is a whisker.
+      { hooks: { draw: few ? [whiskers] : [], ready: [(u) => (window.runcastCharts.eta = u)] } }
     );
     if (etaPlot) etaPlot.destroy();
     if (!h.length) {
@@ -112,7 +123,30 @@
       return;
     }
     etaPlot = new uPlot(opts, data, etaEl);
-    info("info-eta", h.length + " forecasts · latest median finish " + R.fmtEpoch(last[2]));
+    info("info-eta", h.length + (h.length === 1 ? " forecast" : " forecasts") + " · latest median finish " + R.fmtEpoch(last[2]));
+  }
+
+  function whiskers(u) {
+    const ctx = u.ctx;
+    const px = devicePixelRatio || 1;
+    ctx.save();
+    ctx.strokeStyle = "rgba(31,78,140,0.6)";
+    ctx.lineWidth = 1.5 * px;
+    u.data[0].forEach((t, i) => {
+      const p10 = u.data[1][i], p90 = u.data[3][i];
+      if (p10 == null || p90 == null) return;
+      const x = Math.round(u.valToPos(t, "x", true));
+      const ya = u.valToPos(p10, "y", true), yb = u.valToPos(p90, "y", true);
+      ctx.beginPath();
+      ctx.moveTo(x, ya);
+      ctx.lineTo(x, yb);
+      for (const y of [ya, yb]) {
+        ctx.moveTo(x - 5 * px, y);
+        ctx.lineTo(x + 5 * px, y);
+      }
+      ctx.stroke();
+    });
+    ctx.restore();
   }
 
   // --- throughput ----------------------------------------------------------------------------
@@ -126,9 +160,9 @@
       opts: {
         scales: { x: { time: false }, ms: {} },
         axes: [
-          { values: R.fmtStep },
-          { label: "steps/s", labelSize: 18, size: 50 },
-          { scale: "ms", side: 1, label: "ms/step", labelSize: 18, size: 50, grid: { show: false } },
+          R.axis({ values: R.fmtStep }),
+          R.axis({ label: "steps/s", labelSize: 18 }),
+          R.axis({ scale: "ms", side: 1, label: "ms/step", labelSize: 18, grid: { show: false } }),
         ],
         series: [
           { label: "step" },
@@ -154,7 +188,7 @@
       data: [d.x, d.min, d.max, d.mean],
       opts: {
         scales: { x: { time: false } },
-        axes: [{ values: R.fmtStep }, { size: 56 }],
+        axes: [R.axis({ values: R.fmtStep }), R.axis()],
         series: [
           { label: "step" },
           { label: "min", stroke: "rgba(80,80,90,0.3)", points: { show: false } },

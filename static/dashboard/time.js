@@ -1,12 +1,14 @@
 // Rewrites every <time data-fmt> from its ISO datetime into the viewer's local time, on load and
-// after each htmx swap. The server's text (UTC) stays as the no-JS fallback.
+// after each htmx swap, each naming its zone ("Thu 14:02 CET": the browser's abbreviation, GMT+1
+// in en-US). The server's text (UTC) stays as the no-JS fallback.
 (function () {
   const tz = Intl.DateTimeFormat().resolvedOptions().timeZone;
   const fmts = {
     local: { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZoneName: "short" },
-    short: { weekday: "short", hour: "2-digit", minute: "2-digit", hourCycle: "h23" },
-    when: { weekday: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" },
-    clock: { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" },
+    short: { weekday: "short", hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZoneName: "short" },
+    when: { weekday: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZoneName: "short" },
+    clock: { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short" },
+    // Timeline ticks on the board stay bare: its header names the zone once.
     "tick-time": { hour: "2-digit", minute: "2-digit", hourCycle: "h23" },
     "tick-day": { weekday: "short", day: "numeric", month: "short" },
   };

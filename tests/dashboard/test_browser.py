@@ -6,19 +6,25 @@ also replace docs/screenshots/board.png and run.png.
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
-from tests.dashboard.realistic import seed
+from tests.dashboard import factories
+from tests.dashboard.realistic import forecasts_by_hand, seed
 from tracker.models import ApiToken, Deadline, Run
+from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -115,6 +121,8 @@ def test_board_run_page_and_zoom(page: Any) -> None:
     )
     assert loss_points > 100
     _shot(pg, "run")
+    for chart in ("loss", "eta", "rate"):
+        pg.locator(f"#chart-{chart}").screenshot(path=str(ARTIFACTS / f"run-{chart}.png"))
 
     before = pg.evaluate("() => window.runcastFetches.length")
     pg.evaluate(
@@ -165,3 +173,205 @@ def test_it_renders_the_compare_key_and_run_names_as_text(page: Any) -> None:
     assert pg.locator("#compare-table img").count() == 0
     assert pg.evaluate("() => window.pwned") is None
     assert "<img src=x onerror='window.pwned=1'>" in pg.inner_text("#compare-table")
+
+
+# --- issue 9: what the lead sees is exact -------------------------------------------------------
+
+# Every labelled axis of every chart: its size against what its tick labels need (tick, gap and
+# the widest label, measured in the axis font) so the title beside them cannot overlap them.
+AXES_JS = """() => {
+  const out = [];
+  const px = devicePixelRatio || 1;
+  const c = document.createElement("canvas").getContext("2d");
+  for (const [name, u] of Object.entries(window.runcastCharts)) {
+    u.axes.forEach((a, i) => {
+      if (!a.show || a.label == null || !a._values) return;
+      c.font = a.font[0];
+      const lines = a._values.filter((v) => v != null).map((v) => String(v).split("\\n"));
+      const w = Math.max(0, ...lines.flat().map((t) => c.measureText(t).width)) / px;
+      const rows = Math.max(1, ...lines.map((l) => l.length));
+      const tick = a.ticks.show ? a.ticks.size : 0;
+      const need = a.side % 2 ? tick + a.gap + w : tick + a.gap + (a.font[1] / px) * 1.2 * rows;
+      out.push({ chart: name, axis: i, label: a.label, size: a._size, need, values: a._values });
+    });
+  }
+  return out;
+}"""
+
+# The labels a time axis built by Runcast.timeAxis() shows over spans from a minute to weeks.
+TIME_TICKS_JS = """(spans) => Promise.all(spans.map(async (span) => {
+  const el = document.createElement("div");
+  document.body.appendChild(el);
+  const t0 = Date.UTC(2031, 2, 3, 13, 2, 17) / 1000;
+  const u = new uPlot({ width: 600, height: 150,
+    scales: { x: { time: true, auto: false, range: [t0, t0 + span] } },
+    axes: [window.Runcast.timeAxis(), { show: false }], series: [{}, {}] },
+    [[t0, t0 + span], [1, 2]], el);
+  await new Promise((r) => setTimeout(r, 0));  // uPlot draws after a microtask
+  const vals = u.axes[0]._values.slice();
+  u.destroy();
+  el.remove();
+  return vals;
+}))"""
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+ZONE = r"(GMT[+-]\d{1,2}(:\d\d)?|UTC|[A-Z]{3,5})$"
+
+
+def _diverged_run(project: Any, now: Any) -> Run:
+    """A run 50 min old: warmup+cosine lr peaking at 1e-3, a loss that goes NaN/Inf at step
+    900, its NaN flag (onset 900, rollback to 800) and a single ETA forecast."""
+    start = now.timestamp() - 50 * 60
+    with forecasts_by_hand():
+        started = run_start(
+            project=project,
+            public_id="diverged",
+            session="s",
+            started_at=from_epoch(start),
+            fields={"name": "Diverged", "total_steps": 3000, "world_size": 8},
+        )
+        steps = np.arange(1200, dtype=np.int64)
+        times = start + 60 + steps * 2.0
+        loss = 3.0 + np.exp(-steps / 300.0) + 0.05 * np.sin(steps / 7.0)
+        loss[900:906] = np.nan
+        loss[906] = np.inf
+        lr = np.where(
+            steps < 200, 1e-3 * steps / 200, 1e-3 * 0.5 * (1 + np.cos(np.pi * (steps - 200) / 2800))
+        )
+        batch_ingest(
+            run=started.run,
+            session="s",
+            seq=1,
+            series=[SeriesIn("loss", steps, loss, times), SeriesIn("lr", steps, lr, times)],
+            events=[],
+            heartbeat=from_epoch(times[-1]),
+        )
+    run = Run.objects.get(pk=started.run.pk)
+    factories.forecast(run, "eta", now - timedelta(minutes=1), finish=now.timestamp() + 3600)
+    factories.flag(run, "nan", onset=900, rollback_step=800)
+    return run
+
+
+def _open_run(pg: Any, run_id: str) -> None:
+    pg.goto(f"{pg.base}/runs/llm/{run_id}/")
+    pg.wait_for_selector("#charts[data-ready='1']", timeout=15_000)
+
+
+def test_time_axes_read_well_from_a_minute_to_weeks(bare_page: Any, project: Any) -> None:
+    pg = bare_page
+    pg.goto(f"{pg.base}/projects/llm/settings/")
+    pg.add_script_tag(url=f"{pg.base}/static/vendor/uPlot.iife.min.js")
+    pg.add_script_tag(url=f"{pg.base}/static/dashboard/charts.js")
+    spans = [60, 10 * 60, 3600, 6 * 3600, 86400, 3 * 86400, 21 * 86400]
+    for span, labels in zip(spans, pg.evaluate(TIME_TICKS_JS, spans), strict=True):
+        assert len(labels) >= 3, (span, labels)
+        assert all(labels) and "00:00" not in labels, (span, labels)
+        # Neighbours differ (a 12:00 between two dates is fine; a row of the same label is not).
+        assert all(a != b for a, b in itertools.pairwise(labels)), (span, labels)
+        if span <= 60:
+            assert any(":" in t and len(t.split(" ")[-1]) == 8 for t in labels), labels  # seconds
+        if span >= 7 * 86400:  # dates, not a row of "00:00"
+            assert all(any(d in t for d in DAYS) for t in labels), labels
+        elif span >= 86400:
+            assert any(any(d in t for d in DAYS) for t in labels), labels
+
+
+def test_eta_history_starts_at_the_run_start_and_shows_one_forecast(
+    bare_page: Any, project: Any
+) -> None:
+    pg = bare_page
+    run = _diverged_run(project, timezone.now())
+    _open_run(pg, run.public_id)
+    eta = pg.evaluate(
+        "() => { const u = window.runcastCharts.eta;"
+        " const x = u.valToPos(u.data[0][0], 'x', true), y = u.valToPos(u.data[2][0], 'y', true);"
+        " const px = u.ctx.getImageData(Math.round(x) - 4, Math.round(y) - 4, 9, 9).data;"
+        " let blue = 0; for (let i = 0; i < px.length; i += 4)"
+        "   if (px[i] < 80 && px[i + 1] < 120 && px[i + 2] > 110) blue++;"
+        " return {min: u.scales.x.min, max: u.scales.x.max, n: u.data[0].length, blue,"
+        "         at: u.data[0][0], xs: u.axes[0]._values, ys: u.axes[1]._values,"
+        "         inside: x > u.bbox.left + 20 && x < u.bbox.left + u.bbox.width - 4}; }"
+    )
+    assert eta["n"] == 1
+    assert abs(eta["min"] - run.started_at.timestamp()) < 1, eta
+    assert eta["inside"] and eta["blue"] >= 12, eta  # the one forecast is a visible dot
+    for labels in (eta["xs"], eta["ys"]):
+        assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    _shot(pg, "run-single-forecast")
+    pg.locator("#chart-eta").screenshot(path=str(ARTIFACTS / "run-single-forecast-eta.png"))
+
+
+@pytest.fixture
+def diverged(bare_page: Any, project: Any) -> Any:
+    """The run page of _diverged_run, charts drawn."""
+    run = _diverged_run(project, timezone.now())
+    _open_run(bare_page, run.public_id)
+    return bare_page
+
+
+def test_nan_steps_and_the_divergence_onset_are_drawn_and_labelled(diverged: Any) -> None:
+    pg = diverged
+    drawn = pg.evaluate(
+        "() => { const u = window.runcastCharts.loss;"
+        " const b = u.bbox;"
+        " return {marks: u.runcastDrawn, bbox: [b.left, b.top, b.width, b.height],"
+        "  x900: u.valToPos(900, 'x', true), px: devicePixelRatio}; }"
+    )
+    marks = {m["kind"]: m for m in drawn["marks"] or []}
+    assert {"nonfinite", "onset", "rollback"} <= set(marks), drawn["marks"]
+    assert abs(marks["nonfinite"]["x"] - drawn["x900"]) <= 2 * drawn["px"], drawn
+    assert "NaN" in marks["nonfinite"]["label"] and "900" in marks["onset"]["label"]
+    left, top, width, height = drawn["bbox"]
+    labelled = [m for m in drawn["marks"] if m.get("box")]
+    for m in labelled:  # every label inside the plot, none over another
+        x, y, w, h = m["box"]
+        assert left <= x and x + w <= left + width and top <= y and y + h <= top + height, m
+    for i, a in enumerate(labelled):
+        for b in labelled[i + 1 :]:
+            ax, ay, aw, ah = a["box"]
+            bx, by, bw, bh = b["box"]
+            assert ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay, (a, b)
+    red = pg.evaluate(
+        "([x, top, h]) => { const px = window.runcastCharts.loss.ctx.getImageData("
+        " Math.round(x) - 1, top, 3, h).data; let n = 0;"
+        " for (let i = 0; i < px.length; i += 4) if (px[i] > 150 && px[i + 1] < 90) n++;"
+        " return n; }",
+        [marks["onset"]["x"], int(top), int(height)],
+    )
+    assert red > height, red  # a solid line, not a faint hairline
+    _shot(pg, "run-diverged")
+    pg.locator("#chart-loss").screenshot(path=str(ARTIFACTS / "run-diverged-loss.png"))
+
+
+def test_small_values_get_distinct_ticks(diverged: Any) -> None:
+    pg = diverged
+    pg.select_option("#metric-key", "lr")
+    pg.wait_for_function(
+        "() => window.runcastCharts.metric && window.runcastCharts.metric.series[3].label === 'lr'"
+    )
+    axis = pg.evaluate(
+        "() => { const a = window.runcastCharts.metric.axes[1];"
+        " return {values: a._values, splits: a._splits, incr: a._found[0]}; }"
+    )
+    labels = axis["values"]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    for text, split in zip(labels, axis["splits"], strict=True):
+        assert abs(float(text) - split) <= 0.01 * axis["incr"], (text, split)
+    assert any("e-4" in t for t in labels), labels
+    pg.locator("#chart-metric").screenshot(path=str(ARTIFACTS / "run-diverged-lr.png"))
+
+
+def test_axis_titles_clear_their_tick_labels(diverged: Any) -> None:
+    axes = diverged.evaluate(AXES_JS)
+    assert {a["label"] for a in axes} >= {"step", "steps/s", "ms/step"}, axes
+    for a in axes:
+        assert a["size"] >= a["need"] + 3, a
+
+
+def test_every_time_on_the_run_page_names_its_zone(diverged: Any) -> None:
+    pg = diverged
+    times = pg.locator("time[data-fmt]").all_inner_texts()
+    assert len(times) >= 4 and all(re.search(ZONE, t.strip()) for t in times), times
+    # And the chart's own times (Berlin here: GMT+1 in en-US).
+    assert "GMT+1" in pg.inner_text("#info-eta")
+    assert pg.evaluate("() => window.runcastCharts.eta.axes[0].label").endswith("(GMT+1)")
