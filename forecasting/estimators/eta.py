@@ -46,6 +46,10 @@ class EtaForecast:
     interruptions_seen: int
     downtime_s: float
     lost_steps: float
+    # Added keys (the service stores to_dict() as is): the forecast rests on little data, and in
+    # a few words on what it rests.
+    early: bool = False
+    basis: str = ""
 
     def finish_p10(self) -> float:
         return self.now + self.wall_p10
@@ -56,8 +60,8 @@ class EtaForecast:
     def finish_p90(self) -> float:
         return self.now + self.wall_p90
 
-    def to_dict(self) -> dict[str, float | int | None]:
-        out: dict[str, float | int | None] = dict(asdict(self))
+    def to_dict(self) -> dict[str, float | int | bool | str | None]:
+        out: dict[str, float | int | bool | str | None] = dict(asdict(self))
         out["finish_p10"] = self.finish_p10()
         out["finish_p50"] = self.finish_p50()
         out["finish_p90"] = self.finish_p90()
@@ -128,6 +132,16 @@ def _timeline(steps: np.ndarray, times: np.ndarray) -> _Timeline | None:
     gap[:first_normal] = False
     gap_idx = np.flatnonzero(gap)
     recurring = _recurring(excess[gap_idx])
+    # A short pause (an eval, a checkpoint save, a burst of contention from other load) is pace
+    # noise, not an outage: shorter than a few usual log intervals, or than a few of the job's
+    # own recurring pauses, it stays compute time so the pace and its spread include it.
+    limit = th.ETA_PAUSE_MAX_INTERVALS * typical_dt
+    if recurring.any():
+        usual_pause = float(np.median(excess[gap_idx[recurring]]))
+        limit = max(limit, th.ETA_PAUSE_MAX_RECURRING * usual_pause)
+    short = ~recurring & (excess[gap_idx] < limit)
+    gap[gap_idx[short]] = False
+    gap_idx, recurring = gap_idx[~short], recurring[~short]
     outage_idx = gap_idx[~recurring]
     pause_total = float(excess[gap_idx[recurring]].sum())
     # Compute time: a gap keeps only the time its steps should have taken; a rollback keeps none
@@ -331,10 +345,10 @@ def _backtest(grid: np.ndarray, cg: np.ndarray, lo: int, ramp: bool) -> list[flo
     return units
 
 
-def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, list[float]]:
-    """The pace model (steps or ramp) with the smaller back-test error on this run, and its
-    back-test errors. Steps wins ties and whenever the ramp has fewer than two back-tests (a ramp
-    that ended, or too short a history to tell)."""
+def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, list[float], str]:
+    """The pace model (steps or ramp) with the smaller back-test error on this run, its
+    back-test errors and its name. Steps wins ties and whenever the ramp has fewer than two
+    back-tests (a ramp that ended, or too short a history to tell)."""
     hi = grid.size - 1
     steps_units = _backtest(grid, cg, lo, ramp=False)
     ramp_units = _backtest(grid, cg, lo, ramp=True)
@@ -343,8 +357,23 @@ def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, li
     ):
         ramp_pace = _fit(grid, cg, lo, hi, ramp=True)
         if ramp_pace is not None:
-            return ramp_pace, ramp_units
-    return _fit(grid, cg, lo, hi), steps_units
+            return ramp_pace, ramp_units, "ramp"
+    return _fit(grid, cg, lo, hi), steps_units, "steps"
+
+
+def _early_pace(grid: np.ndarray, cg: np.ndarray, lo: int) -> _Pace | None:
+    """The damped pace of an early forecast: the mean since the warm-up, no regime, no trend.
+
+    With a handful of intervals a level-shift test or a trend follows the last one or two of
+    them, so consecutive forecasts jump by the ratio of two step times. The mean moves by at
+    most (x - 1) / n when an interval x times the mean is added to n of them.
+    """
+    hi = grid.size - 1
+    span = grid[hi] - grid[lo]
+    level = (cg[hi] - cg[lo]) / span if span > 0 else 0.0
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    return _Pace(level=level, slope=0.0, w_mid=0.5 * (grid[hi] + grid[lo]))
 
 
 def _sigma_per_ratio(units: list[float]) -> float:
@@ -435,9 +464,19 @@ def forecast_eta(
     grid, cg = _bins(tl)
     spr = np.diff(cg) / np.diff(grid)
     lo = _warmup_end(spr)
-    pace, units = _choose(grid, cg, lo)
+    seen_intervals = int(spr.size - lo)
+    share_seen = float(grid[-1] - grid[lo]) / float(total_steps)
+    early = seen_intervals < th.ETA_EARLY_MIN_INTERVALS or share_seen < th.ETA_EARLY_MIN_SHARE
+    if early:
+        pace, units, model = _early_pace(grid, cg, lo), [], "mean"
+    else:
+        pace, units, model = _choose(grid, cg, lo)
     if pace is None:
         return None
+    basis = (
+        f"{'early: ' if early else ''}{model} pace from {seen_intervals} intervals "
+        f"({share_seen:.0%} of the steps)"
+    )
     current = float(s[-1])
     remaining = max(0.0, float(total_steps) - current)
     work_now = float(grid[-1])
@@ -468,4 +507,6 @@ def forecast_eta(
         interruptions_seen=tl.interruptions,
         downtime_s=tl.downtime_s,
         lost_steps=tl.lost_steps,
+        early=early,
+        basis=basis,
     )

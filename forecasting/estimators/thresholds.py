@@ -21,6 +21,14 @@ ETA_RECURRING_MIN_COUNT = 3
 # "Similar size" for recurring pauses: within this factor of their median length. An outage is
 # usually tens of times longer than an eval pause.
 ETA_RECURRING_SPREAD = 5.0
+# A gap that is neither recurring nor longer than this many usual log intervals (or than this
+# many of the job's own recurring pauses) is pace noise (an eval, a save, a burst of contention
+# from other load), not an interruption: it stays compute time. An outage (relaunch, reload) costs
+# minutes, i.e. tens to thousands of log intervals; counting eval pauses as outages made a run
+# slowed by other load look steady (a 24 s-wide band at 50% that was 4.6 min short) and
+# inflated the interruption rate.
+ETA_PAUSE_MAX_INTERVALS = 10.0
+ETA_PAUSE_MAX_RECURRING = 3.0
 # Leading rate bins slower than this multiple of the median are warm-up (torch.compile, data
 # loader start, cache fill) and are not used for the rate: compiled steps are 1.5-60x faster.
 ETA_WARMUP_FACTOR = 1.5
@@ -51,6 +59,13 @@ ETA_RAMP_DAMPING = 0.5
 # ... unless the current regime is flatter than the ramp by this many standard errors of its own
 # slope (a one-sided test at ~2.5%): then the rise was a staircase that has reached its top.
 ETA_RAMP_ENDED_T = 2.0
+# A forecast is early (flagged, and damped: the pace is the mean since the warm-up, with no
+# regime or trend, and the spread comes from the prior alone) while fewer rate intervals are seen
+# after the warm-up than a level-shift test can split (4 + 2 bins) ...
+ETA_EARLY_MIN_INTERVALS = 6
+# ... or less than this share of the planned steps: a regime of a few percent of the run,
+# extrapolated 20x and more, follows its last slow batch or eval rather than the run.
+ETA_EARLY_MIN_SHARE = 0.05
 # Back-test origins, as fractions of the history after warm-up: the model is fitted up to each
 # and scored on the rest; the errors choose between step and ramp models and size the spread.
 ETA_BACKTEST_ORIGINS = (1 / 3, 1 / 2, 2 / 3)
