@@ -71,9 +71,21 @@ ETA_EARLY_MIN_SHARE = 0.05
 ETA_BACKTEST_ORIGINS = (1 / 3, 1 / 2, 2 / 3)
 # The trend may change the pace by at most this factor over the rest of the run.
 ETA_TREND_MAX_FACTOR = 1.5
-# Log-space spread of the remaining compute time that is always there (clock jitter, final
-# eval, shutdown); 80% intervals narrower than +-5% are not credible for a training job.
-ETA_SIGMA_FLOOR = 0.04
+# Least log-space spread of the remaining compute time (clock rounding). Above it the floor is
+# the run's own bin-to-bin pace noise averaged over the bins still to come: the former fixed
+# 0.04 (+-5%) made late intervals 5-10x wider than the errors (97% coverage at 75%).
+ETA_SIGMA_FLOOR = 0.005
+# Future pace changes (stages, throttling, contention): a Poisson process over the run's
+# progress whose rate has a gamma prior of this many changes per run, worth this many runs of
+# observation (weak: half a change per run, so one shift seen doubles the expected rate) ...
+ETA_CHANGE_PRIOR_COUNT = 0.5
+ETA_CHANGE_PRIOR_RUNS = 1.0
+# ... each change a log-normal step in pace, of prior size 0.3 (x1.35, the order of a batch-size
+# or sequence stage, or a node swapped for a slower one), worth one observed shift ...
+ETA_CHANGE_PRIOR_LOG = 0.3
+ETA_CHANGE_PRIOR_WEIGHT = 1.0
+# ... and at most this many changes drawn in the rest of one run (a bound for the Monte Carlo).
+ETA_CHANGE_MAX_DRAWN = 6
 # Prior log error per unit of extrapolation (remaining work / observed work), used before the
 # run's own back-test says more; weight of that prior in back-test units.
 ETA_SIGMA_PER_RATIO_PRIOR = 0.08
