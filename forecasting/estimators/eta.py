@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from forecasting.estimators import calibration
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import plain
 
@@ -51,6 +52,8 @@ class EtaForecast:
     # a few words on what it rests.
     early: bool = False
     basis: str = ""
+    # The calibration factor applied to the log spread of the remaining compute (calibration.py).
+    interval_scale: float = 1.0
 
     def finish_p10(self) -> float:
         return self.now + self.wall_p10
@@ -480,6 +483,7 @@ def _wall_quantiles(
     tl: _Timeline,
     observed_wall: float,
     change: tuple[list[float], float, float] = ([], 1.0, 0.0),
+    scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Monte Carlo of compute time (fit error, future pace changes) plus downtime from future
     interruptions."""
@@ -487,6 +491,8 @@ def _wall_quantiles(
     n = th.ETA_MC_SAMPLES
     compute = compute_p50 * np.exp(sigma * rng.standard_normal(n))
     compute *= _pace_change_factor(*change, rng, n)
+    if compute_p50 > 0:
+        compute = compute_p50 * np.power(compute / compute_p50, scale)  # calibrated log spread
     seen = tl.interruptions
     rate = _interruption_rates(seen, observed_wall, rng, n)
     count = rng.poisson(np.minimum(rate * compute, 1e6))  # cap: numpy's Poisson limit
@@ -559,8 +565,9 @@ def forecast_eta(
     floor = max(th.ETA_SIGMA_FLOOR, noise * math.sqrt(bin_work / remaining) if remaining > 0 else 0)
     sigma = min(th.ETA_SIGMA_MAX, math.hypot(floor, unit * ratio))
     share_left = remaining / float(total_steps)
+    scale = calibration.scale_at(current / float(total_steps), calibration.ETA_SCALE)
     comp_q, wall_q = _wall_quantiles(
-        compute, sigma, tl, float(t[-1] - t[0]) + silence, (shifts, share_seen, share_left)
+        compute, sigma, tl, float(t[-1] - t[0]) + silence, (shifts, share_seen, share_left), scale
     )
     # Sampling noise must not put the wall clock ahead of the compute it contains.
     wall_q = np.maximum(wall_q, comp_q)
@@ -581,4 +588,5 @@ def forecast_eta(
         lost_steps=tl.lost_steps,
         early=early,
         basis=basis,
+        interval_scale=scale,
     )
