@@ -20,6 +20,7 @@ What is predicted, and why it is fair:
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,7 +96,22 @@ def summarise(scores: list[Score]) -> dict[str, dict]:
         cov = _family_means(scores, c, "cover")
         cover[key] = _round(float(cov.mean())) if cov.size else None
         families[key] = int(cov.size)
-    return {"eta_ape_median": med, "eta_ape_p90": p90, "eta_cover80": cover, "families": families}
+    # Coverage of each half of the families (crc32(family) % 2: A even, B odd), the split used
+    # to fit and hold out (bench.evaluate.calibrate).
+    halves: dict[str, dict[str, float | None]] = {}
+    for half in ("A", "B"):
+        part = [sc for sc in scores if (zlib.crc32(sc.family.encode()) % 2 == 0) == (half == "A")]
+        halves[half] = {}
+        for c in CUTOFFS:
+            cov = _family_means(part, c, "cover")
+            halves[half][str(c)] = _round(float(cov.mean())) if cov.size else None
+    return {
+        "eta_ape_median": med,
+        "eta_ape_p90": p90,
+        "eta_cover80": cover,
+        "eta_cover80_half": halves,
+        "families": families,
+    }
 
 
 def _table(title: str, summary: dict[str, dict]) -> str:
@@ -108,6 +124,8 @@ def _table(title: str, summary: dict[str, dict]) -> str:
             lines.append(f"{m:<16}" + "".join(_cell(row[str(c)]) for c in CUTOFFS))
     cov = summary["eta_cover80"]
     lines.append(f"{'runcast cover80':<16}" + "".join(_cell(cov[str(c)]) for c in CUTOFFS))
+    for half, row in summary["eta_cover80_half"].items():
+        lines.append(f"{'  half ' + half:<16}" + "".join(_cell(row[str(c)]) for c in CUTOFFS))
     fams = summary["families"]
     lines.append(f"{'families':<16}" + "".join(f"{fams[str(c)]:>9}" for c in CUTOFFS))
     return "\n".join(lines)
@@ -136,9 +154,13 @@ def evaluate_eta(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
         "eta_ape_median": real["eta_ape_median"],
         "eta_ape_p90": real["eta_ape_p90"],
         "eta_cover80": real["eta_cover80"],
+        "eta_cover80_half": real["eta_cover80_half"],
         "eta_runs_timed": timed,
         "eta_families": real["families"],
-        "faulted": {k: fault[k] for k in ("eta_ape_median", "eta_ape_p90", "eta_cover80")},
+        "faulted": {
+            k: fault[k]
+            for k in ("eta_ape_median", "eta_ape_p90", "eta_cover80", "eta_cover80_half")
+        },
     }
     text = "\n\n".join(
         (

@@ -17,6 +17,7 @@ Protocol (docs/forecasting-loss.md has the reasoning):
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 
@@ -114,6 +115,22 @@ def evaluate_loss(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
     rows = [row for run in runs for row in score_run(run)]
     mae = {m: {_key(q): _family_mean(rows, m, q) for q in CUTOFFS} for m in METHODS}
     cover = {_key(q): _family_mean(rows, "cover80", q) for q in CUTOFFS}
+    # Half B (crc32(family) odd) is held out of the interval calibration fitted on half A.
+    halves = {
+        half: {
+            _key(q): _family_mean(
+                [
+                    r
+                    for r in rows
+                    if (zlib.crc32(str(r["family"]).encode()) % 2 == 0) == (half == "A")
+                ],
+                "cover80",
+                q,
+            )
+            for q in CUTOFFS
+        }
+        for half in ("A", "B")
+    }
     improvement = {
         _key(q): _improvement(
             mae["runcast"][_key(q)], mae["last_smoothed"][_key(q)], mae["power_law"][_key(q)]
@@ -125,11 +142,12 @@ def evaluate_loss(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
     result = {
         "loss_mae": mae,
         "loss_cover80": cover,
+        "loss_cover80_half": halves,
         "loss_improvement_vs_best_baseline": improvement,
         "loss_runs_scored": counts,
         "loss_families_scored": families,
     }
-    return result, _table(mae, cover, improvement, counts, families)
+    return result, _table(mae, cover, improvement, counts, families, halves)
 
 
 def _improvement(ours: float | None, a: float | None, b: float | None) -> float | None:
@@ -152,6 +170,7 @@ def _table(
     improvement: dict[str, float | None],
     counts: dict[str, int],
     families: dict[str, int],
+    halves: dict[str, dict[str, float | None]],
 ) -> str:
     qs = [_key(q) for q in CUTOFFS]
     head = "final-loss MAE (family mean) | " + " | ".join(f"cut {q}%" for q in qs)
@@ -160,6 +179,10 @@ def _table(
         lines.append(f"{m:28s} | " + " | ".join(f"{_fmt(mae[m][q]):>7s}" for q in qs))
     lines.append(
         f"{'runcast 80% coverage':28s} | " + " | ".join(f"{_fmt(cover[q], True):>7s}" for q in qs)
+    )
+    lines.append(
+        f"{'  held-out half B':28s} | "
+        + " | ".join(f"{_fmt(halves['B'][q], True):>7s}" for q in qs)
     )
     lines.append(
         f"{'gain vs best baseline':28s} | "

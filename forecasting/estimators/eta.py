@@ -19,11 +19,13 @@ forecast separates three things a naive "remaining steps / current speed" mixes 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from forecasting.estimators import calibration
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import plain
 
@@ -46,6 +48,12 @@ class EtaForecast:
     interruptions_seen: int
     downtime_s: float
     lost_steps: float
+    # Added keys (the service stores to_dict() as is): the forecast rests on little data, and in
+    # a few words on what it rests.
+    early: bool = False
+    basis: str = ""
+    # The calibration factor applied to the log spread of the remaining compute (calibration.py).
+    interval_scale: float = 1.0
 
     def finish_p10(self) -> float:
         return self.now + self.wall_p10
@@ -56,8 +64,8 @@ class EtaForecast:
     def finish_p90(self) -> float:
         return self.now + self.wall_p90
 
-    def to_dict(self) -> dict[str, float | int | None]:
-        out: dict[str, float | int | None] = dict(asdict(self))
+    def to_dict(self) -> dict[str, float | int | bool | str | None]:
+        out: dict[str, float | int | bool | str | None] = dict(asdict(self))
         out["finish_p10"] = self.finish_p10()
         out["finish_p50"] = self.finish_p50()
         out["finish_p90"] = self.finish_p90()
@@ -128,6 +136,16 @@ def _timeline(steps: np.ndarray, times: np.ndarray) -> _Timeline | None:
     gap[:first_normal] = False
     gap_idx = np.flatnonzero(gap)
     recurring = _recurring(excess[gap_idx])
+    # A short pause (an eval, a checkpoint save, a burst of contention from other load) is pace
+    # noise, not an outage: shorter than a few usual log intervals, or than a few of the job's
+    # own recurring pauses, it stays compute time so the pace and its spread include it.
+    limit = th.ETA_PAUSE_MAX_INTERVALS * typical_dt
+    if recurring.any():
+        usual_pause = float(np.median(excess[gap_idx[recurring]]))
+        limit = max(limit, th.ETA_PAUSE_MAX_RECURRING * usual_pause)
+    short = ~recurring & (excess[gap_idx] < limit)
+    gap[gap_idx[short]] = False
+    gap_idx, recurring = gap_idx[~short], recurring[~short]
     outage_idx = gap_idx[~recurring]
     pause_total = float(excess[gap_idx[recurring]].sum())
     # Compute time: a gap keeps only the time its steps should have taken; a rollback keeps none
@@ -214,7 +232,9 @@ def _trend(centres: np.ndarray, logp: np.ndarray) -> float:
     return slope if slope > th.ETA_TREND_MIN_T * se else 0.0
 
 
-def _regime_start(logp: np.ndarray, centres: np.ndarray, slope: float) -> int:
+def _regime_start(
+    logp: np.ndarray, centres: np.ndarray, slope: float, starts: list[int] | None = None
+) -> int:
     """Index of the first super-bin of the current pace regime (after the last level shift).
 
     Each split is a two-sample test on the detrended log pace; the noise scale comes from
@@ -254,7 +274,28 @@ def _regime_start(logp: np.ndarray, centres: np.ndarray, slope: float) -> int:
         if t[best] < th.ETA_SHIFT_MIN_T:
             break
         start += int(j[best])
+        if starts is not None:
+            starts.append(start)
     return start
+
+
+def _pace_history(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[list[float], float]:
+    """What the run's own history says about how its pace moves: the log sizes of the level
+    shifts seen after the warm-up, and the bin-to-bin noise of its log pace (robust, from
+    successive differences, so a shift barely touches it)."""
+    hi = grid.size - 1
+    if hi - lo < 2:
+        return [], 0.0
+    _edges, centres, logp = _super_bins(grid, cg, lo, hi)
+    if not np.isfinite(logp).all():
+        return [], 0.0
+    d = np.diff(logp)
+    noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0) if d.size else 0.0
+    starts: list[int] = []
+    _regime_start(logp, centres, 0.0, starts)
+    bounds = [0, *starts, logp.size]
+    levels = [float(np.median(logp[a:b])) for a, b in itertools.pairwise(bounds)]
+    return [b - a for a, b in itertools.pairwise(levels)], noise
 
 
 def _fit(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int, ramp: bool = False) -> _Pace | None:
@@ -331,10 +372,10 @@ def _backtest(grid: np.ndarray, cg: np.ndarray, lo: int, ramp: bool) -> list[flo
     return units
 
 
-def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, list[float]]:
-    """The pace model (steps or ramp) with the smaller back-test error on this run, and its
-    back-test errors. Steps wins ties and whenever the ramp has fewer than two back-tests (a ramp
-    that ended, or too short a history to tell)."""
+def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, list[float], str]:
+    """The pace model (steps or ramp) with the smaller back-test error on this run, its
+    back-test errors and its name. Steps wins ties and whenever the ramp has fewer than two
+    back-tests (a ramp that ended, or too short a history to tell)."""
     hi = grid.size - 1
     steps_units = _backtest(grid, cg, lo, ramp=False)
     ramp_units = _backtest(grid, cg, lo, ramp=True)
@@ -343,8 +384,23 @@ def _choose(grid: np.ndarray, cg: np.ndarray, lo: int) -> tuple[_Pace | None, li
     ):
         ramp_pace = _fit(grid, cg, lo, hi, ramp=True)
         if ramp_pace is not None:
-            return ramp_pace, ramp_units
-    return _fit(grid, cg, lo, hi), steps_units
+            return ramp_pace, ramp_units, "ramp"
+    return _fit(grid, cg, lo, hi), steps_units, "steps"
+
+
+def _early_pace(grid: np.ndarray, cg: np.ndarray, lo: int) -> _Pace | None:
+    """The damped pace of an early forecast: the mean since the warm-up, no regime, no trend.
+
+    With a handful of intervals a level-shift test or a trend follows the last one or two of
+    them, so consecutive forecasts jump by the ratio of two step times. The mean moves by at
+    most (x - 1) / n when an interval x times the mean is added to n of them.
+    """
+    hi = grid.size - 1
+    span = grid[hi] - grid[lo]
+    level = (cg[hi] - cg[lo]) / span if span > 0 else 0.0
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    return _Pace(level=level, slope=0.0, w_mid=0.5 * (grid[hi] + grid[lo]))
 
 
 def _sigma_per_ratio(units: list[float]) -> float:
@@ -389,13 +445,54 @@ def _interruption_rates(
     return grid[idx] * np.exp(step * (rng.random(n) - 0.5))
 
 
-def _wall_quantiles(
-    compute_p50: float, sigma: float, tl: _Timeline, observed_wall: float
+def _pace_change_factor(
+    shifts: list[float], share_seen: float, share_left: float, rng: np.random.Generator, n: int
 ) -> np.ndarray:
-    """Monte Carlo of compute time plus downtime from future interruptions."""
+    """Draws of the factor by which future pace changes stretch the remaining compute.
+
+    A run's step time changes in steps (batch-size or sequence stages, a throttled or swapped
+    node, contention), which no fit of the past can place. Changes arrive as a Poisson process
+    over the run's progress, at a rate with a gamma prior (ETA_CHANGE_PRIOR_COUNT changes per
+    run, worth ETA_CHANGE_PRIOR_RUNS runs of observation) updated by the shifts this run has
+    shown: the chance of another change grows with the share of the run still to go, and a run
+    that has changed pace before is expected to change again. Each change multiplies the pace
+    from a uniform point of the remaining part on by exp(J), J normal with the size of the
+    run's own shifts pooled with a prior.
+    """
+    k = len(shifts)
+    shape = th.ETA_CHANGE_PRIOR_COUNT + k
+    rate = th.ETA_CHANGE_PRIOR_RUNS + max(share_seen, 0.0)
+    lam = rng.gamma(shape, 1.0 / rate, n)
+    count = np.minimum(rng.poisson(lam * max(share_left, 0.0)), th.ETA_CHANGE_MAX_DRAWN)
+    w0 = th.ETA_CHANGE_PRIOR_WEIGHT
+    tau = math.sqrt((w0 * th.ETA_CHANGE_PRIOR_LOG**2 + sum(x * x for x in shifts)) / (w0 + k))
+    factor = np.ones(n)
+    m = int(count.max()) if n else 0
+    if m == 0:
+        return factor
+    pos = np.sort(rng.random((n, m)), axis=1)  # where each change falls in the remaining part
+    jumps = np.where(np.arange(m) < count[:, None], tau * rng.standard_normal((n, m)), 0.0)
+    level = np.exp(np.cumsum(jumps, axis=1))  # pace after each change, relative to now
+    seg = np.diff(np.concatenate((pos, np.ones((n, 1))), axis=1), axis=1)
+    return pos[:, 0] + np.sum(seg * level, axis=1)
+
+
+def _wall_quantiles(
+    compute_p50: float,
+    sigma: float,
+    tl: _Timeline,
+    observed_wall: float,
+    change: tuple[list[float], float, float] = ([], 1.0, 0.0),
+    scale: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Monte Carlo of compute time (fit error, future pace changes) plus downtime from future
+    interruptions."""
     rng = np.random.default_rng(th.ETA_MC_SEED)
     n = th.ETA_MC_SAMPLES
     compute = compute_p50 * np.exp(sigma * rng.standard_normal(n))
+    compute *= _pace_change_factor(*change, rng, n)
+    if compute_p50 > 0:
+        compute = compute_p50 * np.power(compute / compute_p50, scale)  # calibrated log spread
     seen = tl.interruptions
     rate = _interruption_rates(seen, observed_wall, rng, n)
     count = rng.poisson(np.minimum(rate * compute, 1e6))  # cap: numpy's Poisson limit
@@ -408,7 +505,11 @@ def _wall_quantiles(
     if cost_mean > 0 and has.any():
         extra[has] = rng.gamma(count[has].astype(float), cost_mean)
     wall = compute + extra
-    return np.quantile(wall, [0.1, 0.5, 0.9])
+    comp_q, wall_q = np.quantile(np.stack((compute, wall)), [0.1, 0.5, 0.9], axis=1).T
+    # The point forecast stays the compute median (exact for a steady run): MC noise must not
+    # move it, nor put a quantile on the wrong side of it.
+    comp_q = np.array([min(comp_q[0], compute_p50), compute_p50, max(comp_q[2], compute_p50)])
+    return comp_q, wall_q
 
 
 def forecast_eta(
@@ -435,9 +536,19 @@ def forecast_eta(
     grid, cg = _bins(tl)
     spr = np.diff(cg) / np.diff(grid)
     lo = _warmup_end(spr)
-    pace, units = _choose(grid, cg, lo)
+    seen_intervals = int(spr.size - lo)
+    share_seen = float(grid[-1] - grid[lo]) / float(total_steps)
+    early = seen_intervals < th.ETA_EARLY_MIN_INTERVALS or share_seen < th.ETA_EARLY_MIN_SHARE
+    if early:
+        pace, units, model = _early_pace(grid, cg, lo), list[float](), "mean"
+    else:
+        pace, units, model = _choose(grid, cg, lo)
     if pace is None:
         return None
+    basis = (
+        f"{'early: ' if early else ''}{model} pace from {seen_intervals} intervals "
+        f"({share_seen:.0%} of the steps)"
+    )
     current = float(s[-1])
     remaining = max(0.0, float(total_steps) - current)
     work_now = float(grid[-1])
@@ -447,10 +558,17 @@ def forecast_eta(
     observed = float(grid[-1] - grid[lo])
     ratio = remaining / observed if observed > 0 else 10.0
     unit = _sigma_per_ratio(units)
-    sigma = min(th.ETA_SIGMA_MAX, math.hypot(th.ETA_SIGMA_FLOOR, unit * ratio))
-    spread = math.exp(Z90 * sigma)
-    comp_q = np.array([compute / spread, compute, compute * spread])
-    wall_q = _wall_quantiles(compute, sigma, tl, float(t[-1] - t[0]) + silence)
+    shifts, noise = _pace_history(grid, cg, lo)
+    # The run's own bin-to-bin pace noise, averaged over the bins still to come, is the least
+    # uncertainty there is; the back-test error per unit of extrapolation adds to it.
+    bin_work = observed / max(1, grid.size - 1 - lo)
+    floor = max(th.ETA_SIGMA_FLOOR, noise * math.sqrt(bin_work / remaining) if remaining > 0 else 0)
+    sigma = min(th.ETA_SIGMA_MAX, math.hypot(floor, unit * ratio))
+    share_left = remaining / float(total_steps)
+    scale = calibration.scale_at(current / float(total_steps), calibration.ETA_SCALE)
+    comp_q, wall_q = _wall_quantiles(
+        compute, sigma, tl, float(t[-1] - t[0]) + silence, (shifts, share_seen, share_left), scale
+    )
     # Sampling noise must not put the wall clock ahead of the compute it contains.
     wall_q = np.maximum(wall_q, comp_q)
     pace_now = pace.level * math.exp(pace.slope * (work_now - pace.w_mid))
@@ -468,4 +586,7 @@ def forecast_eta(
         interruptions_seen=tl.interruptions,
         downtime_s=tl.downtime_s,
         lost_steps=tl.lost_steps,
+        early=early,
+        basis=basis,
+        interval_scale=scale,
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.signal import lfilter
 
+from forecasting.estimators import calibration
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, clean_series, local_level
@@ -38,6 +39,11 @@ class LossForecast:
     target_step: float | None
     target_reachable: bool | None
     explanation: str
+    # Added keys: the forecast rests on little data (damped towards the current level), what it
+    # rests on, and the calibration factor applied to its interval (calibration.py).
+    early: bool = False
+    basis: str = ""
+    interval_scale: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         return as_json(self)
@@ -277,8 +283,17 @@ def forecast_loss(
     end = float(total_steps) if total_steps and total_steps > now else now
     s, v = block_median(s_all, v_all, th.LOSS_FIT_MAX_POINTS)
     model, path, resid_sd, gap = _choose_model(s, v, level, lr_steps, lr_values, end)
-    p50 = float(path(np.array([end]))[0]) if path is not None and end > now else level
-    half = _half_width(level, p50, gap, resid_sd, len(s_all), now, end)
+    fitted = float(path(np.array([end]))[0]) if path is not None and end > now else level
+    # Early (few points, or a tiny share of the run seen) the fitted change is damped towards
+    # the current level: a slope from five points, extrapolated 100x, swings with every new point
+    # (one run's forecast went 1.80 -> 6.53 -> 2.29 within a minute). The interval keeps the
+    # undamped change as model risk, so it stays wide.
+    weight = _damping(len(s_all), now, end)
+    early = weight < 1.0
+    p50 = level + weight * (fitted - level)
+    half = _half_width(level, fitted, gap, resid_sd, len(s_all), now, end)
+    scale = calibration.scale_at(now / end if end > 0 else 1.0, calibration.LOSS_SCALE)
+    half *= scale
     p10, p90 = p50 - half, p50 + half
     if np.min(v_all) > 0:
         p10 = max(p10, 0.0)
@@ -295,7 +310,21 @@ def forecast_loss(
         target_step=t_step,
         target_reachable=reachable,
         explanation=explanation,
+        early=early,
+        basis=(
+            f"{'early: change damped x' + format(weight, '.2f') + ', ' if early else ''}"
+            f"{model} from {len(s_all)} points ({now / end:.0%} of the steps)"
+        ),
+        interval_scale=scale,
     )
+
+
+def _damping(n: int, now: float, end: float) -> float:
+    """Weight of the fitted change in the forecast: 1 once there are LOSS_EARLY_MIN_POINTS
+    points and LOSS_EARLY_MIN_SHARE of the run is seen, less (linearly) before."""
+    by_points = min(1.0, n / th.LOSS_EARLY_MIN_POINTS)
+    by_share = min(1.0, (now / end) / th.LOSS_EARLY_MIN_SHARE) if end > 0 and now > 0 else 1.0
+    return by_points * by_share
 
 
 def _choose_model(

@@ -21,6 +21,14 @@ ETA_RECURRING_MIN_COUNT = 3
 # "Similar size" for recurring pauses: within this factor of their median length. An outage is
 # usually tens of times longer than an eval pause.
 ETA_RECURRING_SPREAD = 5.0
+# A gap that is neither recurring nor longer than this many usual log intervals (or than this
+# many of the job's own recurring pauses) is pace noise (an eval, a save, a burst of contention
+# from other load), not an interruption: it stays compute time. An outage (relaunch, reload) costs
+# minutes, i.e. tens to thousands of log intervals; counting eval pauses as outages made a run
+# slowed by other load look steady (a 24 s-wide band at 50% that was 4.6 min short) and
+# inflated the interruption rate.
+ETA_PAUSE_MAX_INTERVALS = 10.0
+ETA_PAUSE_MAX_RECURRING = 3.0
 # Leading rate bins slower than this multiple of the median are warm-up (torch.compile, data
 # loader start, cache fill) and are not used for the rate: compiled steps are 1.5-60x faster.
 ETA_WARMUP_FACTOR = 1.5
@@ -51,14 +59,33 @@ ETA_RAMP_DAMPING = 0.5
 # ... unless the current regime is flatter than the ramp by this many standard errors of its own
 # slope (a one-sided test at ~2.5%): then the rise was a staircase that has reached its top.
 ETA_RAMP_ENDED_T = 2.0
+# A forecast is early (flagged, and damped: the pace is the mean since the warm-up, with no
+# regime or trend, and the spread comes from the prior alone) while fewer rate intervals are seen
+# after the warm-up than a level-shift test can split (4 + 2 bins) ...
+ETA_EARLY_MIN_INTERVALS = 6
+# ... or less than this share of the planned steps: a regime of a few percent of the run,
+# extrapolated 20x and more, follows its last slow batch or eval rather than the run.
+ETA_EARLY_MIN_SHARE = 0.05
 # Back-test origins, as fractions of the history after warm-up: the model is fitted up to each
 # and scored on the rest; the errors choose between step and ramp models and size the spread.
 ETA_BACKTEST_ORIGINS = (1 / 3, 1 / 2, 2 / 3)
 # The trend may change the pace by at most this factor over the rest of the run.
 ETA_TREND_MAX_FACTOR = 1.5
-# Log-space spread of the remaining compute time that is always there (clock jitter, final
-# eval, shutdown); 80% intervals narrower than +-5% are not credible for a training job.
-ETA_SIGMA_FLOOR = 0.04
+# Least log-space spread of the remaining compute time (clock rounding). Above it the floor is
+# the run's own bin-to-bin pace noise averaged over the bins still to come: the former fixed
+# 0.04 (+-5%) made late intervals 5-10x wider than the errors (97% coverage at 75%).
+ETA_SIGMA_FLOOR = 0.005
+# Future pace changes (stages, throttling, contention): a Poisson process over the run's
+# progress whose rate has a gamma prior of this many changes per run, worth this many runs of
+# observation (weak: half a change per run, so one shift seen doubles the expected rate) ...
+ETA_CHANGE_PRIOR_COUNT = 0.5
+ETA_CHANGE_PRIOR_RUNS = 1.0
+# ... each change a log-normal step in pace, of prior size 0.3 (x1.35, the order of a batch-size
+# or sequence stage, or a node swapped for a slower one), worth one observed shift ...
+ETA_CHANGE_PRIOR_LOG = 0.3
+ETA_CHANGE_PRIOR_WEIGHT = 1.0
+# ... and at most this many changes drawn in the rest of one run (a bound for the Monte Carlo).
+ETA_CHANGE_MAX_DRAWN = 6
 # Prior log error per unit of extrapolation (remaining work / observed work), used before the
 # run's own back-test says more; weight of that prior in back-test units.
 ETA_SIGMA_PER_RATIO_PRIOR = 0.08
@@ -157,6 +184,13 @@ LOSS_SCHEDULE_GRID = 2048  # uniform step grid for the learning-rate areas S1, S
 LOSS_ANNEAL_MOMENTUM = 0.999  # lambda of the annealing momentum (Tissue et al. 2024 default)
 LOSS_LR_SLOPE_FRACTION = 0.1  # unlogged future LR continues the slope of the last 10% of steps
 LOSS_TARGET_GRID = 512  # resolution of the search for the step where a target is reached
+# Early loss forecasts: below this many points, or this share of the run's steps, the fitted
+# change is damped towards the current level (linearly) and the forecast is flagged early. Four
+# points is the fewest that fit a 3-parameter curve with one to check it (at 10 points the
+# damping cost 60% more error at 25-50% on sparse val-loss logs); a 5% prefix lies in the fast
+# early drop, whose slope does not continue.
+LOSS_EARLY_MIN_POINTS = 4
+LOSS_EARLY_MIN_SHARE = 0.05
 LOSS_INTERVAL_Z = 1.2816  # 80% central interval of a normal error
 LOSS_INTERVAL_GAP_SHARE = 0.5  # the unkept part of the extrapolated change is model uncertainty
 LOSS_INTERVAL_REL_PER_LOG_HORIZON = 0.01  # 1% of the loss per e-fold of remaining steps

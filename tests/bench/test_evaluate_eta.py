@@ -85,6 +85,10 @@ def test_evaluate_eta_structure(small_set: Path) -> None:
         assert set(fields[key]["runcast"]) == {str(c) for c in CUTOFFS}
         assert set(fields["faulted"][key]) == set(METHODS)
     assert set(fields["eta_cover80"]) == {str(c) for c in CUTOFFS}
+    # Held-out half coverage, real timings and faulted, per cut-off.
+    for part in (fields, fields["faulted"]):
+        assert set(part["eta_cover80_half"]) == {"A", "B"}
+        assert set(part["eta_cover80_half"]["B"]) == {str(c) for c in CUTOFFS}
     # On steady runs with the true total, Runcast is close at 50%.
     assert fields["eta_ape_median"]["runcast"]["50"] < 0.05
     assert "runcast" in text and "tqdm_ema" in text

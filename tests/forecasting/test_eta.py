@@ -229,3 +229,42 @@ def test_interruption_rate_comes_from_the_run_itself() -> None:
     assert flaky.wall_p90 - flaky.compute_p90 > 100.0
     # A job that has run cleanly is presumed healthy: its median is its compute time.
     assert clean.wall_p50 == pytest.approx(clean.compute_p50, rel=0.01)
+
+
+def test_short_pauses_are_pace_noise_not_interruptions() -> None:
+    # Two eval-like pauses of 6 intervals each (not enough of them to be a rhythm): noise in the
+    # pace, not outages that raise the interruption rate and vanish from the compute time.
+    steps, times = _steady(401, 1.0)
+    times[150:] += 5.0
+    times[300:] += 5.0
+    eta = forecast_eta(steps, times, 800.0)
+    assert eta is not None
+    assert eta.interruptions_seen == 0 and eta.downtime_s == 0.0
+    # An outage (minutes, i.e. hundreds of intervals) still is one.
+    times[350:] += 600.0
+    hit = forecast_eta(steps, times, 800.0)
+    assert hit is not None and hit.interruptions_seen == 1
+
+
+def test_early_forecast_is_flagged_and_says_so() -> None:
+    steps, times = _steady(8, 2.0)
+    early = forecast_eta(steps, times, 1000.0)
+    assert early is not None and early.early is True
+    assert early.to_dict()["early"] is True and "early" in str(early.to_dict()["basis"])
+    steps, times = _steady(401, 2.0)
+    late = forecast_eta(steps, times, 800.0)
+    assert late is not None and late.early is False and late.basis
+
+
+def test_early_forecasts_are_damped_between_consecutive_points() -> None:
+    # Twelve steady intervals, then two that take 3x as long (a slow batch, an eval): an early
+    # forecast must not follow them as a new pace and jump 3x from one point to the next.
+    spr = np.concatenate((np.full(12, 1.0), np.full(4, 3.0)))
+    steps, times = _from_spr(spr)
+    walls = []
+    for k in range(12, 17):
+        eta = forecast_eta(steps[:k], times[:k], 1000.0)
+        assert eta is not None and eta.early
+        walls.append(eta.wall_p50)
+    jumps = np.array(walls[1:]) / np.array(walls[:-1])
+    assert jumps.max() < 1.3
