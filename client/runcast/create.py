@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from runcast.batcher import MAX_EPOCH_S, MIN_EPOCH_S
+
 logger = logging.getLogger("runcast")
 
 # The server's limits (tracker/limits.py and RunCreateIn).
@@ -83,6 +85,23 @@ def total_steps(value: Any) -> int | None:
 
 def world_size(value: Any) -> int | None:
     return _count("world_size", value, 1, MAX_WORLD_SIZE)
+
+
+def started_at(value: Any, now: float) -> float:
+    """When the run started (epoch seconds, as the server takes it), or `now` with a warning."""
+    if value is None:
+        return now
+    try:
+        when = float(value)
+    except (TypeError, ValueError, OverflowError):
+        when = math.nan
+    if MIN_EPOCH_S <= when <= MAX_EPOCH_S:  # NaN fails both
+        return when
+    logger.warning(
+        "runcast: started_at %s is not epoch seconds (1970-2106); the run starts now instead",
+        str(value)[:50],
+    )
+    return now
 
 
 def labels(field: str, values: Iterable[Any] | str | None, most: int, longest: int) -> list[str]:

@@ -213,11 +213,13 @@ def init(
     dir: str | Path | None = None,
     all_ranks: bool = False,
     settings: Settings | None = None,
+    started_at: float | None = None,
 ) -> AnyRun:
     """Start (or resume, with the same `id` / RUNCAST_RUN_ID) a run.
 
     Arguments override RUNCAST_URL / RUNCAST_TOKEN / RUNCAST_MODE / RUNCAST_DIR. In a
     distributed job only rank 0 logs unless `all_ranks=True`; other ranks get a NoOpRun.
+    `started_at` (epoch seconds) defaults to now; importers of old logs pass the original start.
     """
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
@@ -264,7 +266,7 @@ def init(
         ),
         "deadline": create.deadline(deadline),
         "session": uuid.uuid4().hex,
-        "started_at": _time.time(),
+        "started_at": create.started_at(started_at, now=_time.time()),
     }
     return Run(run_id, resolved, body)
 

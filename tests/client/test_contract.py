@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any, get_args
@@ -281,6 +282,9 @@ _CONFIG_AT_LIMIT = {"blob": "x" * (limits.MAX_CONFIG_BYTES - len('{"blob": ""}')
         pytest.param({"total_steps": 2**62}, {"total_steps": 2**62}, id="steps-at-limit"),
         pytest.param({"deadline": "d" * 64}, {"deadline": "d" * 64}, id="deadline-at-limit"),
         pytest.param({"config": _CONFIG_AT_LIMIT}, {"config": _CONFIG_AT_LIMIT}, id="config-limit"),
+        pytest.param({"started_at": 1.7e9}, {"started_at": 1.7e9}, id="started-at"),
+        pytest.param({"started_at": 2.0**32}, {"started_at": 2.0**32}, id="started-at-limit"),
+        pytest.param({"started_at": 1_700_000_000}, {"started_at": 1.7e9}, id="started-at-int"),
     ],
 )
 def test_values_the_server_takes_are_sent_unchanged(
@@ -363,6 +367,33 @@ def test_init_sends_what_the_server_takes_and_keeps_the_run(
     if request.node.callspec.id not in _CONVERTED_QUIETLY:
         assert [m for m in warnings if field in m], warnings
     assert len(warnings) <= 1, warnings
+
+
+@pytest.mark.parametrize(
+    "when",
+    [-1.0, 0.0, 1.7e9, 2.0**32, 2.0**32 + 1, 1.7e12, math.nan, math.inf, -math.inf, 10**400],
+    ids=lambda when: str(when)[:20],
+)
+def test_start_times_are_accepted_alike(when: float) -> None:
+    now = 1.8e9
+    client = create_module.started_at(when, now=now)
+    server = _server_takes(TypeAdapter(schemas.EpochSeconds), when)
+    assert client == (when if server else now)
+
+
+@pytest.mark.parametrize(
+    "started_at",
+    [math.nan, math.inf, -1.0, 1.7e12, 2.0**32 + 1, "yesterday", [1.7e9]],
+    ids=["nan", "inf", "negative", "milliseconds", "after-2106", "text", "list"],
+)
+def test_a_start_the_server_refuses_is_sent_as_now(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, started_at: Any
+) -> None:
+    before = time.time()
+    body = _client_create(tmp_path, started_at=started_at)
+    assert before <= body["started_at"] <= time.time()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "started_at" in warnings[0], warnings
 
 
 def test_hosts_are_sent_as_the_server_takes_them(tmp_path: Path, monkeypatch) -> None:

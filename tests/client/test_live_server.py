@@ -170,6 +170,21 @@ def test_an_importer_keeps_the_original_times(live_server, fast_settings):
     assert times.tolist() == [1.7e9 + 10.0 * s for s in range(100)]
 
 
+def test_an_importer_keeps_the_original_start(live_server, fast_settings):
+    # A run replayed from history started long ago: its duration and cost count from then.
+    started = time.time() - 2 * 3600
+    run = runcast.init(
+        project="live", id="import-2", started_at=started, settings=fast_settings(live_server.url)
+    )
+    for step in range(10):
+        run.log({"loss": 1.0}, step=step, time=started + 600.0 * step)
+    run.finish()
+    db_run = Run.objects.get(public_id="import-2")
+    assert db_run.started_at.timestamp() == pytest.approx(started, abs=1e-3)
+    assert db_run.ended_at is not None
+    assert (db_run.ended_at - db_run.started_at).total_seconds() == pytest.approx(7200, abs=60)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
