@@ -92,6 +92,7 @@ def replay(plan: Plan, path: Path) -> None:
     t_now = rows[min(split, len(rows)) - 1].t
     base = time.time() - t_now
     run = runcast.init(
+        started_at=base + rows[0].t,  # the original start, so a finished run shows its duration
         name=plan.name,
         id=plan.run_id,
         total_steps=total,
@@ -148,8 +149,8 @@ def drill(path: Path) -> None:
         "tags": DRILL.tags,
         "world_size": DRILL.world_size,
     }
-    run = runcast.init(config=config, **args)
     base = time.time() - rows[split - 1].t
+    run = runcast.init(config=config, started_at=base + rows[0].t, **args)
     for i, row in enumerate(rows):
         if i >= split:
             time.sleep(max(0.0, base + row.t - time.time()))
