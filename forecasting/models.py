@@ -14,6 +14,8 @@ class Forecast(models.Model):
         LOSS = "loss"
         DEADLINE = "deadline"
         SLIP = "slip"
+        # What one computation found, before hysteresis: flags raise on a sustained finding.
+        CONDITIONS = "conditions"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="forecasts")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -95,3 +97,17 @@ class Flag(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.state} on {self.run}"
+
+
+class ServerClock(models.Model):
+    """When the server was listening, from the liveness sweeper's own ticks (one row).
+
+    A gap between two ticks much longer than their period means the server (or its worker) was
+    stopped: a run's silence during that gap is the server's, not the run's.
+    """
+
+    last_tick_at = models.DateTimeField(null=True)
+    listening_since = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"listening since {self.listening_since}"

@@ -20,7 +20,7 @@ from forecasting.estimators.eta import EtaForecast, forecast_eta
 from forecasting.estimators.loss import forecast_loss
 from forecasting.estimators.slip import detect_slip
 from forecasting.estimators.stalled import detect_stall
-from forecasting.models import Flag, Forecast
+from forecasting.models import Flag, Forecast, ServerClock
 from tracker import selectors as tracker_selectors
 from tracker.models import Event, IngestBatch, Run
 from tracker.series import Series, latest_wins
@@ -68,11 +68,18 @@ def _take(series: Series, idx: np.ndarray) -> Series:
 
 
 def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
-    """Recompute every forecast of one run and record flag changes. Idempotent."""
+    """Recompute every forecast of one run and record flag changes. Idempotent.
+
+    An ended run is final: its open flags close with the reason and nothing more is forecast.
+    """
     run = Run.objects.select_related("project", "deadline").filter(pk=run_id).first()
     if run is None:
         return []
     now = now or timezone.now()
+    if run.has_ended:
+        return flags_close(run=run, reason=f"the run {run.status}", now=now)
+    if not run.is_active:
+        return []  # a crash the sweeper inferred: its flags stay until the run speaks or ends
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
@@ -93,7 +100,91 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
+            conditions = _sustained(run=run, found=conditions, now=now)
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
+
+
+def _latest_odds(*, run: Run, now: datetime) -> float | None:
+    """The chance of making the cutoff that this computation stored, if it made one."""
+    row = (
+        Forecast.objects.filter(run=run, kind=Forecast.Kind.DEADLINE, computed_at=now)
+        .values_list("data", flat=True)
+        .first()
+    )
+    p = (row or {}).get("p_on_time")
+    return float(p) if isinstance(p, int | float) else None
+
+
+SUSTAINED_KINDS = (
+    Flag.Kind.RISE,
+    Flag.Kind.REGRESSION,
+    Flag.Kind.OSCILLATION,
+    Flag.Kind.DEADLINE,
+    Flag.Kind.SLIP,
+)
+
+
+def _sustain_window(run: Run, now: datetime) -> timedelta:
+    ran = max(0.0, (now - run.started_at).total_seconds())
+    seconds = min(th.FLAG_SUSTAIN_MAX_S, max(th.FLAG_SUSTAIN_MIN_S, th.FLAG_SUSTAIN_FRACTION * ran))
+    return timedelta(seconds=seconds)
+
+
+def _sustained(*, run: Run, found: list[Condition], now: datetime) -> list[Condition]:
+    """Hysteresis: of trending conditions, report a new one only when every computation over
+    the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*).
+
+    Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
+    outside the database and a restarted worker sees the same history.
+    """
+    deadline_p = _latest_odds(run=run, now=now)
+    _store(
+        run=run,
+        kind=Forecast.Kind.CONDITIONS,
+        # Keyed by the computation's time, not its input: a stalled run brings no new steps,
+        # and its findings must still accumulate (recomputing at the same instant is idempotent).
+        last_step=int(now.timestamp()),
+        now=now,
+        data={"found": sorted(c.kind for c in found), "deadline_p": deadline_p},
+    )
+    window = _sustain_window(run, now)
+    rows = list(
+        Forecast.objects.filter(
+            run=run,
+            kind=Forecast.Kind.CONDITIONS,
+            computed_at__gte=now - window,
+            computed_at__lte=now,
+        ).values_list("computed_at", "data")
+    )
+    covered = (
+        len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
+        and (now - min(r[0] for r in rows)) >= window * 0.66
+    )
+    seen = [set(d.get("found") or []) for _, d in rows]
+    open_flags = selectors.flags_open(run=run)
+    out = []
+    for cond in found:
+        if (
+            cond.kind not in SUSTAINED_KINDS
+            or cond.kind in open_flags
+            or (covered and all(cond.kind in s for s in seen))
+        ):
+            out.append(cond)
+    reported = {c.kind for c in out}
+    for kind, prev in open_flags.items():
+        if kind not in SUSTAINED_KINDS or kind in reported:
+            continue
+        if kind == Flag.Kind.DEADLINE:
+            # Open until the odds are clearly back, in every computation of the window.
+            ps = [d.get("deadline_p") for _, d in rows]
+            back = covered and all(
+                isinstance(p, int | float) and p >= th.FLAG_DEADLINE_RESOLVE_P for p in ps
+            )
+        else:
+            back = covered and not any(kind in s for s in seen)
+        if not back:  # still open: the same condition, so no new row
+            out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
+    return out
 
 
 def _store(
@@ -269,6 +360,11 @@ def flags_sync(
     return written
 
 
+def flags_close(*, run: Run, reason: str, now: datetime) -> list[Flag]:
+    """Resolve every open flag of a run with the reason (its end): ended runs are final."""
+    return flags_sync(run=run, conditions=[], kinds=tuple(Flag.Kind.values), now=now, reason=reason)
+
+
 def _band(kind: str, data: dict[str, Any]) -> int | None:
     """Which severity band a condition is in, for kinds whose worsening is news by itself."""
     if kind == Flag.Kind.DEADLINE and isinstance(data.get("p_on_time"), int | float):
@@ -303,18 +399,42 @@ def _flag_write(run: Run, cond: Condition, state: str, previous: str, now: datet
     )
 
 
+# The liveness sweep runs every minute (config/celery.py); a gap of more than a few periods
+# between two of its ticks is the server (or its worker) having been down.
+SWEEP_PERIOD_S = 60.0
+SERVER_GAP_PERIODS = 3.0
+
+
+def server_tick(*, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S) -> datetime:
+    """Record that the server is listening; return since when it has been without a gap."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        clock, _ = ServerClock.objects.select_for_update().get_or_create(pk=1)
+        gap = None if clock.last_tick_at is None else (now - clock.last_tick_at).total_seconds()
+        if clock.listening_since is None or gap is None or gap > SERVER_GAP_PERIODS * period_s:
+            clock.listening_since = now
+        clock.last_tick_at = max(now, clock.last_tick_at or now)
+        clock.save()
+    return clock.listening_since
+
+
+def _listening_since() -> datetime | None:
+    return ServerClock.objects.filter(pk=1).values_list("listening_since", flat=True).first()
+
+
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress); once its
-    client reports its end, close the stalled flag with that reason."""
+    client reports its end, close its flags with that reason.
+
+    Silence while the server itself was not listening does not count: a client spools through
+    an outage and replays when it is back (outage-aware, see server_tick).
+    """
     now = now or timezone.now()
     run = Run.objects.select_related("project").filter(pk=run_id).first()
     if run is None:
         return []
     if run.has_ended:
-        reason = f"the run {run.status}"
-        return flags_sync(
-            run=run, conditions=[], kinds=(Flag.Kind.STALLED,), now=now, reason=reason
-        )
+        return flags_close(run=run, reason=f"the run {run.status}", now=now)
     if not run.is_active:
         return []  # a crash the sweeper inferred: its stalled flag stays open
     beats = np.array(
@@ -330,7 +450,14 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
     ]
     progress_t = np.array([c[0].timestamp() for c in chunks])
     progress_s = np.array([float(c[1]) for c in chunks])
-    stall = detect_stall(beats, progress_t, progress_s, now=now.timestamp())
+    since = _listening_since()
+    stall = detect_stall(
+        beats,
+        progress_t,
+        progress_s,
+        now=now.timestamp(),
+        listening_since=since.timestamp() if since is not None else None,
+    )
     conditions = []
     if stall is not None and stall.stalled:
         status = Run.silent_status(heartbeat_lost=stall.kind == "no_heartbeat")

@@ -44,6 +44,7 @@ def forecast_run(run_id: int) -> None:
 @shared_task(soft_time_limit=50, time_limit=55)
 def sweep_active_runs() -> None:
     """Beat: liveness for every active run, and a forecast for each (the queue is only a hint)."""
+    services.server_tick()
     for run_id in selectors.active_run_ids():
         services.run_check_liveness(run_id=run_id)
         forecast_enqueue(run_id=run_id)

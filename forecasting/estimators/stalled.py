@@ -52,8 +52,14 @@ def detect_stall(
     progress_steps: np.ndarray,
     *,
     now: float,
+    listening_since: float | None = None,
 ) -> StallResult | None:
-    """Stall verdict, or None when there is too little history to know the usual cadence."""
+    """Stall verdict, or None when there is too little history to know the usual cadence.
+
+    `listening_since`: when the server last came back. Silence before it was the server's own
+    (a client spools through an outage and replays after), so it does not count against a run.
+    """
+    floor = -np.inf if listening_since is None else float(listening_since)
     beats = np.asarray(heartbeat_times, dtype=float)
     beats = beats[np.isfinite(beats) & (beats <= now)]
     moved = _progress_times(
@@ -64,13 +70,13 @@ def detect_stall(
     alive = np.concatenate((beats, moved))
     if alive.size >= 3:
         usual = _usual_interval(alive)
-        silent = now - float(alive.max())
+        silent = now - max(float(alive.max()), floor)
         if usual is not None and silent > _limit(usual):
             text = f"no heartbeat for {span(silent)} (usually every {span(usual)})"
             return StallResult(True, float(silent), usual, "no_heartbeat", text)
     if moved.size >= 3:
         usual = _usual_interval(moved)
-        silent = now - float(moved.max())
+        silent = now - max(float(moved.max()), floor)
         if usual is not None:
             stalled = bool(silent > _limit(usual))
             verb = "alive but no progress" if stalled else "progressing"
@@ -79,7 +85,7 @@ def detect_stall(
     if alive.size >= 3:
         usual = _usual_interval(alive)
         if usual is not None:
-            silent = now - float(alive.max())
+            silent = now - max(float(alive.max()), floor)
             text = f"heartbeat {span(silent)} ago (usually every {span(usual)})"
             return StallResult(False, float(silent), usual, "no_heartbeat", text)
     return None

@@ -240,6 +240,16 @@ DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # to get back to 90%, so anything under it is actionable. Alert rules pick their own cut-off
 # (default 50%) from the flag's p_on_time.
 FLAG_DEADLINE_AT_RISK_P = 0.9
+# ... and closes only once the odds are clearly back: a run hovering at 88-91% is not news.
+FLAG_DEADLINE_RESOLVE_P = 0.95
+# Conditions that trend (rise, regression, oscillation, deadline, slip) raise only once every
+# computation over a window has found them, and resolve only once none has: one noisy forecast
+# neither pages nor un-pages. The window is a share of the run so far, within bounds: early in a
+# run 45 s (three forecasts), a day into it 20 min. NaN, spike and stall are events: at once.
+FLAG_SUSTAIN_FRACTION = 0.05
+FLAG_SUSTAIN_MIN_S = 45.0
+FLAG_SUSTAIN_MAX_S = 1200.0
+FLAG_SUSTAIN_MIN_COMPUTATIONS = 3
 # An open deadline flag gets an "updated" row when its odds cross one of these, so an alert
 # rule with any threshold sees the crossing (odds drifting 62% -> 61% is not news).
 FLAG_DEADLINE_BANDS = (0.75, 0.5, 0.25, 0.1, 0.01)

@@ -50,6 +50,15 @@ def at(seconds):
     return from_epoch(T0 + seconds)
 
 
+def compute_sustained(run, seconds):
+    """Forecasts over the hysteresis window (5% of the run so far, at least 45 s) that a
+    trending condition must hold through before it raises; returns the last time used."""
+    window = max(45.0, 0.05 * seconds)
+    for k in range(4):
+        services.forecast_compute(run_id=run.pk, now=at(seconds + k * window / 3))
+    return seconds + window
+
+
 def test_it_stores_eta_and_loss_forecasts_idempotently(project):
     run = make_run(project)
     steps = np.arange(4000)
@@ -117,7 +126,9 @@ def test_it_flags_a_deadline_the_run_cannot_make(project):
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
     services.forecast_compute(run_id=run.pk, now=at(4000))
-    risk = Forecast.objects.get(run=run, kind="deadline").data
+    assert not Flag.objects.filter(run=run, kind="deadline").exists()  # one forecast: not yet
+    compute_sustained(run, 4000)
+    risk = Forecast.objects.filter(run=run, kind="deadline").latest("computed_at").data
     assert risk["p_on_time"] < 0.05  # needs ~6,000 s more, has 3,000
     flag = Flag.objects.get(run=run, kind="deadline")
     assert "blind eval" in flag.explanation
@@ -143,7 +154,7 @@ def test_it_flags_a_slipping_eta(project):
             series=[SeriesIn("loss", more, healthy_loss(more), T0 + times)],
         )
         seq, t, step = seq + 1, t + 1000, step + 500
-        services.forecast_compute(run_id=run.pk, now=at(t))
+        compute_sustained(run, t)
     flag = Flag.objects.get(run=run, kind="slip")
     assert "slip" in flag.explanation
 
@@ -190,16 +201,18 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     run = make_run(project, deadline="eval")
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(4000))
+    later = compute_sustained(run, 4000)
     assert selectors.flags_open(run=run)["deadline"].state == "raised"
     # The plan is gone (the job restarted without its total): no ETA can be made.
     Run.objects.filter(pk=run.pk).update(total_steps=None)
-    services.forecast_compute(run_id=run.pk, now=at(4010))
+    services.forecast_compute(run_id=run.pk, now=at(later + 10))
     assert "deadline" in selectors.flags_open(run=run)
-    # A finished run resolves what it left open.
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED)
-    services.forecast_compute(run_id=run.pk, now=at(4020))
+    # A finished run resolves what it left open, saying why.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=at(later + 15))
+    services.forecast_compute(run_id=run.pk, now=at(later + 20))
     assert "deadline" not in selectors.flags_open(run=run)
+    resolved = Flag.objects.filter(run=run, kind="deadline").latest("id")
+    assert resolved.explanation == "deadline resolved: the run finished"
 
 
 def test_rows_written_in_one_instant_count_once_newest_by_id(project):

@@ -1,0 +1,123 @@
+"""Signals a lead can trust: trending flags need a sustained finding to raise and a sustained
+absence to resolve, and silence while the server itself was down is not a run's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from forecasting import services
+from forecasting.estimators.stalled import detect_stall
+from forecasting.models import Flag, Forecast
+from tests.forecasting.test_services import at, healthy_loss, make_run, send
+from tracker.models import Run
+
+pytestmark = pytest.mark.django_db
+
+RISE = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
+
+
+def sync(run: Run, found: list[services.Condition], seconds: float) -> dict[str, Flag]:
+    now = at(seconds)
+    kept = services._sustained(run=run, found=found, now=now)
+    services.flags_sync(run=run, conditions=kept, kinds=services.FORECAST_FLAG_KINDS, now=now)
+    return services.selectors.flags_open(run=run)
+
+
+def test_one_noisy_computation_neither_raises_nor_resolves(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    # 1,000 s into the run the window is 50 s: three computations 15 s apart do not cover it.
+    assert "rise" not in sync(run, [RISE], 1000)
+    assert "rise" not in sync(run, [], 1015)  # it came and went: nothing to say
+    assert "rise" not in sync(run, [RISE], 1030)
+    assert "rise" not in sync(run, [RISE], 1045)
+    assert "rise" not in sync(run, [RISE], 1060)
+    assert "rise" in sync(run, [RISE], 1075)  # found in every computation of the window
+    # One computation without it does not resolve it, nor two...
+    assert "rise" in sync(run, [], 1090)
+    assert "rise" in sync(run, [RISE], 1105)
+    # ... only a whole window without it does.
+    for t in (1120, 1135, 1150, 1165):
+        open_flags = sync(run, [], t)
+    assert "rise" not in open_flags
+    assert Flag.objects.filter(run=run, kind="rise", state="raised").count() == 1
+
+
+def test_events_raise_at_once(project):
+    run = make_run(project)
+    nan = services.Condition("nan", "loss became NaN", 1.0, 10.0)
+    assert "nan" in sync(run, [nan], 1000)
+
+
+def _odds(run: Run, seconds: float, p: float) -> list[services.Condition]:
+    Forecast.objects.create(
+        run=run,
+        kind=Forecast.Kind.DEADLINE,
+        segment=run.current_segment,
+        input_last_step=int(seconds),
+        computed_at=at(seconds),
+        data={"p_on_time": p},
+    )
+    if p >= 0.9:
+        return []
+    return [services.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})]
+
+
+def test_a_deadline_flag_closes_only_when_the_odds_are_clearly_back(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for _ in range(5):
+        open_flags = sync(run, _odds(run, t, 0.6), t)
+        t += 15
+    assert "deadline" in open_flags
+    for _ in range(8):  # hovering at 91-92%: above the raise line, below the resolve line
+        open_flags = sync(run, _odds(run, t, 0.92), t)
+        t += 15
+    assert "deadline" in open_flags
+    for _ in range(5):
+        open_flags = sync(run, _odds(run, t, 0.97), t)
+        t += 15
+    assert "deadline" not in open_flags
+
+
+def test_silence_while_the_server_was_down_is_not_the_runs() -> None:
+    beats = np.arange(0.0, 600.0, 15.0)
+    # Heard last at 585 s; the server was down from ~600 s to 1,200 s and is back since then.
+    assert detect_stall(beats, beats, np.arange(beats.size), now=1260.0).stalled
+    spared = detect_stall(beats, beats, np.arange(beats.size), now=1260.0, listening_since=1200.0)
+    assert spared is not None and not spared.stalled
+    # The client has had time to replay its spool and still says nothing: now it counts.
+    late = detect_stall(beats, beats, np.arange(beats.size), now=1300.0, listening_since=1200.0)
+    assert late is not None and late.stalled
+
+
+def test_a_server_outage_does_not_crash_a_run_it_could_not_hear(project):
+    run = make_run(project)
+    for i in range(20):
+        steps = np.arange(i * 10, (i + 1) * 10)
+        send(run, steps, healthy_loss(steps), seq=i + 1)
+    last = Run.objects.get(pk=run.pk).last_seen_at
+    services.server_tick(now=last)
+    # The server (web and worker) stops for ten minutes; its first tick back finds the gap.
+    back = last + timedelta(minutes=10)
+    assert services.server_tick(now=back) == back
+    services.run_check_liveness(run_id=run.pk, now=back + timedelta(seconds=5))
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert not Flag.objects.filter(run=run, kind="stalled").exists()
+    # Still silent well after the server came back: that silence is the run's.
+    services.server_tick(now=back + timedelta(minutes=1))
+    services.server_tick(now=back + timedelta(minutes=2))
+    services.run_check_liveness(run_id=run.pk, now=back + timedelta(minutes=2))
+    assert Run.objects.get(pk=run.pk).status == "crashed"
+
+
+def test_regular_ticks_keep_the_server_listening(project):
+    first = services.server_tick(now=at(0))
+    for k in range(1, 5):
+        assert services.server_tick(now=at(60 * k)) == first
