@@ -121,7 +121,7 @@ class Replay:
     messages: Counter[str] = field(default_factory=Counter)  # rule kind -> raise messages
     resolves: Counter[str] = field(default_factory=Counter)
     raises: Counter[str] = field(default_factory=Counter)  # flag kind -> raised rows
-    flip_flops: int = 0
+    flip_flops: Counter[str] = field(default_factory=Counter)  # flag kind -> re-raises
     crash_alerts_in_outage: int = 0
     detected_after_s: float | None = None
     eta_jump: float | None = None  # largest P50 move between forecasts / time left
@@ -156,20 +156,25 @@ def inject(rows: list[Row], kind: str, rng: random.Random) -> tuple[list[Row], F
     fault = Fault(kind, at.t, at.step)
     out = [Row(r.step, r.t, r.loss, r.val) for r in rows]
     tail = out[i:]
+    # Into the loss the run logs (some log only a validation loss).
+    attr = "loss" if any(r.loss is not None for r in out) else "val"
     if kind == "nan":
         for r in tail:  # the loss goes non-finite and stays so, as a blown-up run does
-            r.loss = math.nan if r.loss is not None else None
+            if getattr(r, attr) is not None:
+                setattr(r, attr, math.nan)
     elif kind == "spike":
-        hit = next((r for r in tail if r.loss is not None), None)
-        if hit is not None and hit.loss is not None:
-            hit.loss *= rng.uniform(3.0, 6.0)
+        hit = next((r for r in tail if getattr(r, attr) is not None), None)
+        if hit is not None:
+            setattr(hit, attr, getattr(hit, attr) * rng.uniform(3.0, 6.0))
     elif kind == "divergence":
-        base = next((r.loss for r in reversed(out[:i]) if r.loss is not None), None)
+        base = next((getattr(r, attr) for r in reversed(out[:i]) if getattr(r, attr)), None)
         span = max(1.0, end - at.t)
         for r in tail:
-            if r.loss is not None and base is not None:
-                # Climbs back by a quarter of its level over the rest of the run, and on.
-                r.loss += 0.5 * base * min(1.0, (r.t - at.t) / (0.3 * span))
+            if getattr(r, attr) is not None and base is not None:
+                # Climbs back by half its level over a third of what is left, and stays there.
+                setattr(
+                    r, attr, getattr(r, attr) + 0.5 * base * min(1.0, (r.t - at.t) / (0.3 * span))
+                )
     elif kind == "slowdown":
         for r in tail:  # from here every step takes 3x as long: the cutoff becomes unreachable
             r.t = at.t + 3.0 * (r.t - at.t)
@@ -272,6 +277,7 @@ def replay(
                 at, next_sweep = next_sweep, next_sweep + sweep_every
                 if server_up(at):
                     CLOCK.t = start + at
+                    fc.server_tick(period_s=sweep_every)
                     fc.run_check_liveness(run_id=run.pk)
                     _dispatch(alerts_services)
             else:
@@ -328,7 +334,7 @@ def _count(
         if f.state == "raised":
             out.raises[f.kind] += 1
             if f.kind in last_resolved and at - last_resolved[f.kind] <= FLIP_FLOP_S:
-                out.flip_flops += 1
+                out.flip_flops[f.kind] += 1
         elif f.state == "resolved":
             last_resolved[f.kind] = at
     fault = out.fault
@@ -423,7 +429,8 @@ def summarise(healthy: list[Replay], faulted: list[Replay], skipped: int) -> dic
             "total": round(100 * sum(per_kind.values()) / hours, 3) if hours else None,
             **per100,
         },
-        "flip_flops": sum(r.flip_flops for r in healthy + faulted),
+        "flip_flops": sum(sum(r.flip_flops.values()) for r in healthy + faulted),
+        "flip_flops_by_kind": dict(sum((r.flip_flops for r in healthy + faulted), Counter())),
         "outage_false_crash": sum(r.crash_alerts_in_outage for r in by_fault.get("outage", [])),
         "outage_replays": len(by_fault.get("outage", [])),
         "fault_detection_recall": recall,
