@@ -88,7 +88,11 @@ class Notification(models.Model):
         SUPPRESSED = "suppressed"
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="notifications")
+    # None: the rule matched but the project has no channel; recorded (not sent) so the history
+    # shows what would have been said.
+    channel = models.ForeignKey(
+        Channel, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications"
+    )
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="alert_notifications")
     flag = models.ForeignKey(
         Flag, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications"
@@ -114,7 +118,13 @@ class Notification(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["event_key", "channel"], name="notification_unique_event_channel"
-            )
+            ),
+            # NULLs are distinct in a unique index: the channel-less row needs its own.
+            models.UniqueConstraint(
+                fields=["event_key"],
+                condition=models.Q(channel__isnull=True),
+                name="notification_unique_event_no_channel",
+            ),
         ]
         indexes = [
             # The sweeper re-enqueues due retries and finds sends a dead worker left behind.

@@ -55,7 +55,8 @@ def rule_row(*, project: Project, kind: str) -> RuleRow | None:
 
 
 def notification_list(*, project: Project, run: Run | None = None) -> QuerySet[Notification]:
-    qs = Notification.objects.select_related("channel", "run").filter(channel__project=project)
+    # By run, not channel: rows without a channel (nothing configured) are history too.
+    qs = Notification.objects.select_related("channel", "run", "flag").filter(run__project=project)
     if run is not None:
         qs = qs.filter(run=run)
     return qs.order_by("-created_at", "-id")

@@ -37,6 +37,8 @@ RUN_END_SWEEP_WINDOW = timedelta(hours=1)
 # arrived, so it is marked failed rather than retried: nothing is ever sent twice.
 STUCK_SENDING_AFTER = timedelta(minutes=10)
 MAX_BACKOFF_S = 3600.0
+# A resolve whose raise is still being sent (or retried) waits this long before looking again.
+RESOLVE_WAIT_S = 5.0
 ACTIVE = (Notification.Status.PENDING, Notification.Status.SENDING, Notification.Status.SENT)
 RAISES = (Flag.State.RAISED, Flag.State.UPDATED)
 S = Notification.Status
@@ -282,16 +284,24 @@ def _channels_for(rule: Rule) -> list[Channel]:
     return list(Channel.objects.filter(project_id=rule.project_id, enabled=True))
 
 
+NO_CHANNEL = "not sent: no channel (add one on the project's alert channels page)"
+
+
 def _notifications_create(*, event: Event) -> list[Notification]:
+    """One notification per channel of the matching rule. With no channel, one row anyway
+    (channel None, not sent) so the history shows what would have been said."""
     rule = _rule_for(event)
     if rule is None or rule.muted or not _passes_threshold(rule, event):
         return []
     created = []
-    for channel in _channels_for(rule):
+    channels: list[Channel | None] = [*_channels_for(rule)] or [None]
+    for channel in channels:
         gate = _gate(rule=rule, channel=channel, event=event)
         if gate is None:
             continue
         status, reason = gate
+        if channel is None and status == S.PENDING:
+            status, reason = S.SUPPRESSED, NO_CHANNEL
         notification, was_created = Notification.objects.get_or_create(
             event_key=event.event_key,
             channel=channel,
@@ -316,12 +326,14 @@ def _notifications_create(*, event: Event) -> list[Notification]:
     return created
 
 
-def _gate(*, rule: Rule, channel: Channel, event: Event) -> tuple[str, str] | None:
+def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, str] | None:
     """(status, reason) for a new notification, or None when there is nothing to record.
 
     Raises within the cooldown of an earlier raise on the same (run, rule, channel) are recorded
     as suppressed. A resolve is sent only if that channel's last word on the kind was a raise,
-    so a flapping flag produces at most one raise and one resolve per cooldown.
+    so a flapping flag produces at most one raise and one resolve per cooldown; a raise still
+    waiting to go out when its resolve comes is withdrawn, and neither is sent. A flag closed by
+    the run's end says nothing more: the run-end message does.
     """
     history = Notification.objects.filter(run=event.run, channel=channel)
     if event.event in RAISES:
@@ -342,12 +354,19 @@ def _gate(*, rule: Rule, channel: Channel, event: Event) -> tuple[str, str] | No
         return S.PENDING, ""
     if event.event == Flag.State.RESOLVED:
         same_kind = history.filter(kind=event.kind)
+        if not same_kind.exists():
+            return None
+        if event.data.get("closed_by_run_end"):
+            return S.SUPPRESSED, "closed by the run's end: the run-end message says so"
         last = same_kind.filter(status__in=ACTIVE).order_by("-created_at", "-id").first()
-        if last is not None and last.event in RAISES:
-            return S.PENDING, ""
-        if same_kind.exists():
+        if last is None or last.event not in RAISES:
             return S.SUPPRESSED, "its raise was not delivered on this channel (cooldown or failure)"
-        return None
+        withdrawn = Notification.objects.filter(pk=last.pk, status=S.PENDING, tries=0).update(
+            status=S.SUPPRESSED, reason="resolved before it went out"
+        )
+        if withdrawn:
+            return S.SUPPRESSED, "raised and resolved before either went out: nothing to say"
+        return S.PENDING, ""
     return S.PENDING, ""
 
 
@@ -365,6 +384,15 @@ def notification_deliver(*, notification_id: int, now: datetime | None = None) -
     n = Notification.objects.select_related(
         "channel__project", "run__project", "run__deadline", "flag"
     ).get(pk=notification_id)
+    if n.event == Flag.State.RESOLVED and _raise_in_flight(n):
+        # Never "resolved" before its "raised": wait for the raise to settle (no try spent).
+        Notification.objects.filter(pk=n.pk, status=S.SENDING).update(
+            status=S.PENDING,
+            tries=F("tries") - 1,
+            next_attempt_at=now + timedelta(seconds=RESOLVE_WAIT_S),
+        )
+        return RESOLVE_WAIT_S
+    assert n.channel is not None  # channel-less rows are never pending
     if not n.channel.enabled:
         _settle(n, S.FAILED, f"channel disabled: {n.channel.disabled_reason or 'by a user'}")
         return None
@@ -376,6 +404,17 @@ def notification_deliver(*, notification_id: int, now: datetime | None = None) -
     return None
 
 
+def _raise_in_flight(n: Notification) -> bool:
+    return Notification.objects.filter(
+        run_id=n.run_id,
+        channel=n.channel,
+        kind=n.kind,
+        event__in=RAISES,
+        status__in=(S.PENDING, S.SENDING),
+        created_at__lte=n.created_at,
+    ).exists()
+
+
 def _settle(n: Notification, status: str, reason: str, **extra: Any) -> None:
     Notification.objects.filter(pk=n.pk, status=S.SENDING).update(
         status=status, reason=reason[:2000], **extra
@@ -385,7 +424,8 @@ def _settle(n: Notification, status: str, reason: str, **extra: Any) -> None:
 def _after_error(n: Notification, e: TransportError, now: datetime) -> float | None:
     if e.permanent:
         _settle(n, S.FAILED, f"permanent error: {e.message}")
-        channel_disable(channel_id=n.channel_id, reason=e.message, now=now)
+        if n.channel_id is not None:
+            channel_disable(channel_id=n.channel_id, reason=e.message, now=now)
         logger.warning("channel %s disabled: %s", n.channel_id, e.message)
         return None
     if n.tries >= conf.max_tries():

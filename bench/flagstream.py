@@ -321,7 +321,13 @@ def _clean_duration(rows: list[Row], fault: Fault | None) -> float:
 
 
 def _dispatch(alerts_services: Any) -> None:
+    from alerts.models import Notification
+
     alerts_services.flags_dispatch()
+    # A prompt worker: what is due goes out now (nothing leaves this process).
+    Notification.objects.filter(status="pending").update(
+        status="sent", tries=1, sent_at=CLOCK.now()
+    )
 
 
 def _count(
@@ -338,7 +344,7 @@ def _count(
         elif f.state == "resolved":
             last_resolved[f.kind] = at
     fault = out.fault
-    for n in Notification.objects.filter(run=run, status="pending").order_by("created_at", "id"):
+    for n in Notification.objects.filter(run=run, status="sent").order_by("created_at", "id"):
         at = n.created_at.timestamp() - start
         if n.event == "resolved":
             out.resolves[n.rule_kind] += 1

@@ -337,6 +337,7 @@ def flags_sync(
     kinds: tuple[str, ...],
     now: datetime,
     reason: str | None = None,
+    ended: bool = False,
 ) -> list[Flag]:
     """Write a Flag row for each change: raised, updated (onset moved) or resolved.
 
@@ -355,7 +356,8 @@ def flags_sync(
     for kind, prev in open_flags.items():
         if kind in kinds and kind not in current:
             text = f"{kind} resolved: {reason}" if reason else f"{kind} cleared: {prev.explanation}"
-            cond = Condition(kind, text, None, prev.onset_step)
+            data = {"reason": reason, "closed_by_run_end": ended} if reason else {}
+            cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     return written
 

@@ -104,7 +104,12 @@ def test_it_marks_flags_processed_even_without_channels(run: Run) -> None:
 
     flag.refresh_from_db()
     assert flag.processed_at is not None
-    assert Notification.objects.count() == 0
+    # Nothing is sent, but the history says what would have been, and why it was not.
+    [n] = Notification.objects.all()
+    assert (n.channel, n.status, n.kind) == (None, S.SUPPRESSED, "nan")
+    assert n.reason == services.NO_CHANNEL
+    services.flags_dispatch()
+    assert Notification.objects.count() == 1
 
 
 def test_it_never_processes_a_claimed_flag_twice(run: Run, channels: Any) -> None:
@@ -192,8 +197,7 @@ def test_it_suppresses_a_flapping_flag_within_the_cooldown(
     t0 = timezone.now() - timedelta(minutes=30)
     for i, state in enumerate(["raised", "resolved", "raised", "resolved"]):
         flag_raise(run, "spike", state=state, created_at=t0 + timedelta(minutes=i))
-
-    dispatch(django_capture_on_commit_callbacks)
+        dispatch(django_capture_on_commit_callbacks)  # each goes out before the next comes
 
     slack = channels[1]
     got = list(
@@ -215,8 +219,10 @@ def test_it_suppresses_a_flapping_flag_within_the_cooldown(
 
 def test_it_sends_again_after_the_cooldown(run: Run, channels: Any) -> None:
     t0 = timezone.now() - timedelta(hours=3)
-    flag_raise(run, "spike", created_at=t0)
-    flag_raise(run, "spike", state="resolved", created_at=t0 + timedelta(minutes=5))
+    for state, at in (("raised", t0), ("resolved", t0 + timedelta(minutes=5))):
+        flag_raise(run, "spike", state=state, created_at=at)
+        services.flags_dispatch()
+        Notification.objects.filter(status=S.PENDING).update(status=S.SENT, tries=1)
     flag_raise(run, "spike", created_at=t0 + timedelta(hours=2))
 
     services.flags_dispatch()
@@ -226,7 +232,7 @@ def test_it_sends_again_after_the_cooldown(run: Run, channels: Any) -> None:
         .order_by("created_at")
         .values_list("event", "status")
     )
-    assert events == [("raised", S.PENDING), ("resolved", S.PENDING), ("raised", S.PENDING)]
+    assert events == [("raised", S.SENT), ("resolved", S.SENT), ("raised", S.PENDING)]
 
 
 def test_it_sends_a_resolved_message_when_a_flag_clears(
@@ -237,8 +243,8 @@ def test_it_sends_a_resolved_message_when_a_flag_clears(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     flag_raise(run, "rise", created_at=timezone.now() - timedelta(hours=2))
+    dispatch(django_capture_on_commit_callbacks)
     flag_raise(run, "rise", state="resolved", explanation="rise cleared: ...", data={})
-
     dispatch(django_capture_on_commit_callbacks)
 
     assert len(mailbox.messages) == 2
@@ -402,3 +408,54 @@ def test_it_sends_a_run_ending_at_once_when_the_trainers_clock_runs_ahead(
 
     assert len(mailbox.messages) == 1
     assert set(Notification.objects.values_list("status", flat=True)) == {S.SENT}
+
+
+def test_a_flag_raised_and_resolved_before_its_raise_went_out_sends_nothing(
+    run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
+) -> None:
+    t0 = timezone.now() - timedelta(minutes=1)
+    flag_raise(run, "deadline", severity=0.9, data={"p_on_time": 0.1}, created_at=t0)
+    flag_raise(run, "deadline", state="resolved", data={}, created_at=t0 + timedelta(seconds=16))
+
+    dispatch(django_capture_on_commit_callbacks)  # both dispatched before any delivery ran
+
+    assert mailbox.messages == []
+    rows = Notification.objects.filter(channel=channels[0]).order_by("created_at")
+    assert [(n.event, n.status) for n in rows] == [
+        ("raised", S.SUPPRESSED),
+        ("resolved", S.SUPPRESSED),
+    ]
+    assert rows[0].reason == "resolved before it went out"
+
+
+def test_a_resolve_waits_for_its_raise_to_be_sent(run: Run, channels: Any, sink: HttpSink) -> None:
+    flag_raise(run, "nan", created_at=timezone.now() - timedelta(seconds=30))
+    services.flags_dispatch()
+    slack = channels[1]
+    raised = Notification.objects.get(channel=slack, event="raised")
+    Notification.objects.filter(pk=raised.pk).update(status=S.SENDING, tries=1)  # mid-send
+    flag_raise(run, "nan", state="resolved", data={})
+    services.flags_dispatch()
+    resolved = Notification.objects.get(channel=slack, event="resolved")
+
+    assert services.notification_deliver(notification_id=resolved.pk) == services.RESOLVE_WAIT_S
+
+    resolved.refresh_from_db()
+    assert (resolved.status, resolved.tries) == (S.PENDING, 0)
+    assert sink.to("/slack") == []
+    Notification.objects.filter(pk=raised.pk).update(status=S.SENT)
+    later = timezone.now() + timedelta(seconds=services.RESOLVE_WAIT_S + 1)
+    services.notification_deliver(notification_id=resolved.pk, now=later)
+    resolved.refresh_from_db()
+    assert resolved.status == S.SENT and len(sink.to("/slack")) == 1
+
+
+def test_flags_closed_by_the_run_end_say_nothing_more(run: Run, channels: Any) -> None:
+    flag_raise(run, "nan", created_at=timezone.now() - timedelta(minutes=5))
+    services.flags_dispatch()
+    Notification.objects.update(status=S.SENT, tries=1)
+    flag_raise(run, "nan", state="resolved", data={"closed_by_run_end": True, "reason": "x"})
+    services.flags_dispatch()
+    resolved = Notification.objects.filter(event="resolved")
+    assert resolved.count() == 2
+    assert {n.status for n in resolved} == {S.SUPPRESSED}

@@ -292,3 +292,14 @@ def test_it_validates_an_edited_target_against_the_channels_own_kind(
 def test_it_answers_404_to_a_run_id_with_a_nul(client: Client, member: User, run: Run) -> None:
     client.force_login(member)
     assert client.get("/runs/llm/a%00b/alerts/").status_code == 404
+
+
+def test_the_history_shows_what_would_have_been_sent_without_a_channel(
+    client: Client, viewer: User, run: Run
+) -> None:
+    flag_raise(run, "nan", explanation="Loss became NaN/Inf at step 10,000.")
+    services.flags_dispatch()
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/").content.decode()
+    assert "Loss became NaN/Inf at step 10,000." in page
+    assert "not sent: no channel" in page
