@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Q
 
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag
 from forecasting.selectors import (
     RunOutlook,
@@ -28,6 +29,11 @@ from tracker.selectors import Marker, loss_key_for, run_markers, series_keys
 
 # Runs that ended this recently stay on the board, so "did it make it?" is answered there.
 RECENT_END = timedelta(hours=24)
+# A run that crashed (reported, or inferred by the server: it has no end time) stays longer, at
+# the top of its lane: it is the one a lead most needs to see.
+CRASH_KEEP = timedelta(hours=72)
+# Runs that need someone: they sort above every running run, red.
+TROUBLE = (Run.Status.CRASHED, Run.Status.FAILED, Run.Status.STALLED)
 BOARD_MAX_RUNS = 500
 
 
@@ -40,6 +46,44 @@ class RunView(RunOutlook):
     cost_so_far: float | None = None
     cost_to_finish: float | None = None
     risk: float = 0.0
+
+    @property
+    def in_trouble(self) -> bool:
+        return self.run.status in TROUBLE
+
+    @property
+    def margin_s(self) -> float | None:
+        """Seconds to spare before the cutoff (train-by), negative when late: the actual end
+        for a finished run, the P50 finish for a running one."""
+        deadline = self.run.deadline
+        if deadline is None:
+            return None
+        train_by = deadline.train_by.timestamp()
+        if self.run.status == Run.Status.FINISHED and self.run.ended_at is not None:
+            return train_by - self.run.ended_at.timestamp()
+        if self.run.is_active and self.finish is not None:
+            return train_by - self.finish[1]
+        return None
+
+    @property
+    def outcome(self) -> str | None:
+        """'made it, 29 s spare' / 'missed by 3 h' for a finished run aimed at a cutoff."""
+        margin = self.margin_s
+        if margin is None or self.run.is_active:
+            return None
+        return (
+            f"made it, {fmt.span(margin)} spare" if margin >= 0 else f"missed by {fmt.span(margin)}"
+        )
+
+    @property
+    def margin_text(self) -> str | None:
+        """'P50 3 h 6 min after the cutoff' for a running run aimed at a cutoff."""
+        margin = self.margin_s
+        if margin is None or not self.run.is_active:
+            return None
+        line = "train-by" if self.run.deadline and self.run.deadline.buffer else "cutoff"
+        side = "before" if margin >= 0 else "after"
+        return f"P50 {fmt.span(margin)} {side} the {line}"
 
     @classmethod
     def of(cls, outlook: RunOutlook, *, now: datetime) -> RunView:
@@ -73,10 +117,10 @@ def _risk(out: RunView) -> float:
     elif out.run.deadline is not None and out.run.is_active:
         risk += 0.5  # aimed at a cutoff with no forecast yet: unknown is not safe
     risk += 0.15 * min(len(out.flags), 3)
-    if out.run.status == Run.Status.STALLED:
-        risk += 0.3
-    if not out.run.is_active:
-        risk -= 2.0  # ended runs sink to the bottom of their lane
+    if out.in_trouble:
+        risk += 3.0  # crashed, failed or stalled: above every running run, whatever its odds
+    elif not out.run.is_active:
+        risk -= 2.0  # runs that finished sink to the bottom of their lane
     return risk
 
 
@@ -117,7 +161,12 @@ def board_for_user(*, user: Any, now: datetime) -> Board:
         with_latest_forecasts(
             Run.objects.select_related("deadline")
             .filter(project__in=projects)
-            .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(ended_at__gte=now - RECENT_END)),
+            .filter(
+                Q(status__in=Run.ACTIVE_STATUSES)
+                | Q(ended_at__gte=now - RECENT_END)
+                # A crash the server inferred has no end time: its last word dates it.
+                | Q(status=Run.Status.CRASHED, last_seen_at__gte=now - CRASH_KEEP)
+            ),
             now=now,
         ).order_by("-last_seen_at")[:BOARD_MAX_RUNS]
     )

@@ -40,6 +40,8 @@ NO_DEADLINE_HORIZON_S = 30 * 86400
 
 def tone(o: RunView) -> str:
     """ok / warn / bad by the chance of making the cutoff; info without a cutoff."""
+    if o.in_trouble:
+        return "bad"  # crashed, failed or stalled: red whatever its odds were
     if not o.run.is_active:
         return "done"
     if o.p_on_time is None:
@@ -134,7 +136,11 @@ def _lane(now: float, deadline: Deadline | None, outlooks: list[RunView]) -> Lan
         t = deadline.cutoff.timestamp()
         markers.append(Marker(axis.pos(t), t, "cutoff"))
     rows = [Row(o, tone(o), _bar(axis, now, o)) for o in outlooks]
-    counts = {t: sum(1 for r in rows if r.tone == t) for t in ("ok", "warn", "bad", "unknown")}
+    counts = {
+        t: sum(1 for r in rows if r.tone == t and not r.o.in_trouble)
+        for t in ("ok", "warn", "bad", "unknown")
+    }
+    counts["trouble"] = sum(1 for r in rows if r.o.in_trouble)
     return Lane(deadline, rows, axis.ticks(), markers, counts)
 
 

@@ -168,7 +168,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
                 "train_by": deadline.train_by.timestamp(),
             },
             "loss_forecast": forecast,
-            "loss": loss or None,
+            "loss": (loss or None) if run.is_active else None,  # ended: no forecast
             "target": run.project.targets.get(loss_key or "", None),
             "markers": [
                 {"kind": m.kind, "step": m.step, "label": m.label}

@@ -161,6 +161,6 @@ def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> 
         out.deadline_risk = dl.data
         out.p_on_time = dl.data.get("p_on_time")
     loss = forecasts.get(getattr(run, "loss_id", None) or -1)
-    if loss is not None:
+    if loss is not None and run.is_active:  # an ended run's loss is what it logged, not a forecast
         out.loss = loss.data
     return out

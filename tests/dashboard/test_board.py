@@ -127,3 +127,44 @@ def test_it_keeps_a_far_cutoffs_axis_to_a_few_ticks(client, member, project):
     html = client.get("/").content.decode()
     assert "Far away" in html
     assert 0 < html.count('class="tick"') <= 7
+
+
+def test_a_crash_the_server_inferred_stays_on_the_board_at_the_top_in_red(
+    client, member, project, deadline
+):
+    now = timezone.now()
+    safe = make_run(project, "safe", points=10, deadline=deadline)
+    forecast_set(safe, now, finish_in=3600, p=0.97)
+    gone = make_run(project, "gone", points=10, deadline=deadline)
+    forecast_set(gone, now, finish_in=3600, p=0.97)
+    # The sweeper found it silent 3 h ago: crashed, with no end time (the client never said).
+    Run.objects.filter(pk=gone.pk).update(
+        status=Run.Status.CRASHED, last_seen_at=now - timedelta(hours=3)
+    )
+    board = board_for_user(user=member, now=now)
+    assert [o.run.public_id for o in board.lanes[0].runs] == ["gone", "safe"]
+    client.force_login(member)
+    page = client.get("/").content.decode()
+    assert "1 crashed, failed or stalled" in page and 'class="tone-bad"' in page
+
+
+def test_finished_runs_show_their_outcome_and_running_ones_their_margin(member, project, deadline):
+    now = timezone.now()
+    type(deadline).objects.filter(pk=deadline.pk).update(cutoff=now - timedelta(hours=2))
+    deadline.refresh_from_db()
+    train_by = deadline.train_by  # 3 h ago: the cutoff less its 1 h buffer
+    made = make_run(project, "made", points=10, deadline=deadline)
+    missed = make_run(project, "missed", points=10, deadline=deadline)
+    Run.objects.filter(pk=made.pk).update(
+        status=Run.Status.FINISHED, ended_at=train_by - timedelta(seconds=29)
+    )
+    Run.objects.filter(pk=missed.pk).update(
+        status=Run.Status.FINISHED, ended_at=now - timedelta(hours=1)
+    )
+    late = make_run(project, "late", points=10, deadline=deadline)
+    forecast_set(late, now, finish_in=3600, p=0.01)
+    board = board_for_user(user=member, now=now)
+    by_id = {o.run.public_id: o for o in board.lanes[0].runs}
+    assert by_id["made"].outcome == "made it, 29 s spare"
+    assert by_id["missed"].outcome == "missed by 2 h"
+    assert by_id["late"].margin_text == "P50 4 h after the train-by"
