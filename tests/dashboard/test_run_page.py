@@ -143,3 +143,22 @@ def test_compare_overlays_only_this_projects_runs(client, member, project, other
     client.force_login(member)
     html = client.get("/projects/llm/compare/?run=r&run=theirs").content.decode()
     assert '"id": "r"' in html and "theirs" not in html
+
+
+def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, project):
+    from tracker.settings_services import deadline_create
+
+    deadline = deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=timezone.now() + timezone.timedelta(hours=8),
+        timezone="UTC",
+        buffer=timezone.timedelta(0),
+    )
+    run = make_run(project, "late", points=10, deadline=deadline)
+    forecast_set(run, timezone.now(), finish_in=12 * 3600, p=0.15)
+    flag(run, "deadline", p_on_time=0.19)  # raised when the odds were 19%
+    client.force_login(member)
+    page = client.get(f"/runs/{project.slug}/late/summary/").content.decode()
+    assert "15% likely" in page and "Now 15% likely" in page
