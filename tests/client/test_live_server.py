@@ -141,6 +141,57 @@ def test_it_survives_a_server_outage_without_loss_or_duplicates(relay, fast_sett
     # measures what one call costs.
 
 
+def test_a_server_outage_raises_no_crash_for_a_run_that_kept_training(
+    relay, fast_settings, monkeypatch
+):
+    """The drill that once paged "run crashed" 4 s after the server came back: the server (web
+    and worker) stops while the job trains on and spools, then comes back. Timings shrunk: the
+    sweep ticks every 0.25 s (period 0.5 s) and a run counts as silent after 1 s."""
+    from django.db import connection
+
+    from forecasting import services as forecasting
+    from forecasting.estimators import thresholds as th
+    from forecasting.models import Flag
+
+    if connection.vendor == "sqlite":
+        pytest.skip("in-memory SQLite locks tables two threads write at once; CI uses PostgreSQL")
+    monkeypatch.setattr(th, "STALL_MIN_S", 1.0)
+    settings = fast_settings(f"http://127.0.0.1:{relay.port}")
+    run = runcast.init(project="live", name="outage", id="outage-2", settings=settings)
+    db_run = None
+
+    def sweep() -> None:
+        forecasting.server_tick(period_s=0.5)
+        forecasting.run_check_liveness(run_id=db_run.pk)
+
+    step = 0
+
+    def train(seconds: float, *, ticking: bool) -> None:
+        nonlocal step
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            run.log({"loss": 1.0}, step=step)
+            step += 1
+            time.sleep(0.01)
+            if ticking and step % 25 == 0:
+                sweep()
+
+    train(0.3, ticking=False)
+    db_run = Run.objects.get(public_id="outage-2")
+    train(1.0, ticking=True)
+    relay.down()  # the server stops: no requests, no sweeps; the job trains on and spools
+    train(3.0, ticking=False)
+    relay.up()
+    sweep()  # the worker's first tick on restart: before the client has noticed and replayed
+    train(2.0, ticking=True)
+    run.finish()
+
+    assert not Flag.objects.filter(run=db_run, kind="stalled").exists()
+    db_run.refresh_from_db()
+    assert db_run.status == "finished"
+    assert stored("outage-2", "loss").size == step
+
+
 def test_a_resumed_job_keeps_its_rollback(live_server, fast_settings):
     settings = fast_settings(live_server.url)
     first = runcast.init(project="live", id="resume-1", total_steps=1000, settings=settings)
