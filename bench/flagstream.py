@@ -28,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -222,14 +223,20 @@ def replay(
         Channel.objects.create(project=project, kind="email", name="lead", target="lead@x.test")
     clean_end = end if fault is None or fault.kind not in ("slowdown", "stall") else None
     duration = clean_end if clean_end is not None else _clean_duration(rows, fault)
+    total_steps = total or max(r.step for r in rows)
+    last = max(r.step for r in rows)
+    if 0 < last < total_steps:
+        # Stopped early (a wall-clock cap): the cutoff is set for the plan, not the cut.
+        duration *= total_steps / last
     deadline = Deadline.objects.create(
         project=project,
         slug=f"d{Deadline.objects.count()}",
         name="cutoff",
         cutoff=datetime.fromtimestamp(start + DEADLINE_MARGIN * duration, tz=UTC),
     )
-    total_steps = total or max(r.step for r in rows)
-    name = f"{path.stem[:40]}-{fault.kind if fault else 'healthy'}-{seed}"
+    # Unique per file: many files share a long prefix (one record's seeds).
+    tag = f"{zlib.crc32(path.name.encode()):08x}"
+    name = f"{path.stem[:40]}-{tag}-{fault.kind if fault else 'healthy'}-{seed}"
     run = tr.run_start(
         project=project,
         public_id=name[:64],
@@ -489,7 +496,7 @@ def table(healthy: list[Replay], faulted: list[Replay], summary: dict[str, Any])
         if r.fault and r.fault.kind != "outage" and r.detected_after_s is None
     ]
     if missed:
-        lines.append(f"  missed: {', '.join(missed[:12])}{' ...' if len(missed) > 12 else ''}")
+        lines.append(f"  missed ({len(missed)}): {', '.join(missed)}")
     lines += [
         "",
         f"largest ETA jump between forecasts (x time left): median {summary['eta_jump_median']}, "
@@ -532,13 +539,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N runs")
     parser.add_argument("--only", default=None, help="replay only runs whose file contains this")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--fault", choices=FAULTS, default=None, help="inject only this fault")
+    parser.add_argument("--faults-only", action="store_true", help="skip the healthy replays")
     parser.add_argument("--database-url", default=None, help="default: a SQLite file per process")
     args = parser.parse_args(argv)
 
     documented = documented_faults(args.directory)
     files = [f for f in run_files(args.directory) if not args.only or args.only in f.name]
     jobs = [
-        Job(i, path, FAULTS[i % len(FAULTS)], path.name not in documented, args.seed)
+        Job(
+            i,
+            path,
+            args.fault or FAULTS[i % len(FAULTS)],
+            path.name not in documented and not args.faults_only,
+            args.seed,
+        )
         for i, path in enumerate(files[: args.limit])
     ]
     # Longest first, so the last process does not start the longest run alone.

@@ -364,7 +364,8 @@ def flags_sync(
 
 def flags_close(*, run: Run, reason: str, now: datetime) -> list[Flag]:
     """Resolve every open flag of a run with the reason (its end): ended runs are final."""
-    return flags_sync(run=run, conditions=[], kinds=tuple(Flag.Kind.values), now=now, reason=reason)
+    kinds = tuple(Flag.Kind.values)
+    return flags_sync(run=run, conditions=[], kinds=kinds, now=now, reason=reason, ended=True)
 
 
 def _band(kind: str, data: dict[str, Any]) -> int | None:
@@ -404,7 +405,7 @@ def _flag_write(run: Run, cond: Condition, state: str, previous: str, now: datet
 # The liveness sweep runs every minute (config/celery.py); a gap of more than a few periods
 # between two of its ticks is the server (or its worker) having been down.
 SWEEP_PERIOD_S = 60.0
-SERVER_GAP_PERIODS = 3.0
+SERVER_GAP_PERIODS = 1.5  # one missed tick is a gap: a late tick is not
 
 
 def server_tick(*, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S) -> datetime:

@@ -59,7 +59,7 @@ def detect_stall(
     `listening_since`: when the server last came back. Silence before it was the server's own
     (a client spools through an outage and replays after), so it does not count against a run.
     """
-    floor = -np.inf if listening_since is None else float(listening_since)
+    floor = -np.inf if listening_since is None else listening_since + th.STALL_RECONNECT_GRACE_S
     beats = np.asarray(heartbeat_times, dtype=float)
     beats = beats[np.isfinite(beats) & (beats <= now)]
     moved = _progress_times(

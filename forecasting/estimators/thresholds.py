@@ -133,6 +133,10 @@ DEADLINE_LIKELY_LATE_P = 0.5
 STALL_FACTOR = 5.0
 # ... and at least this long (sub-minute heartbeats jitter with GC pauses and network).
 STALL_MIN_S = 60.0
+# After the server comes back from an outage, a client needs up to its longest probe interval
+# (client/runcast/settings.py probe_interval_max) to notice and replay its spool: the server
+# counts itself as having heard every run until then.
+STALL_RECONNECT_GRACE_S = 60.0
 # Usual interval = median of the last this-many intervals (recent cadence, not the warm-up).
 STALL_RECENT_INTERVALS = 50
 # (ETA section: end)

@@ -213,6 +213,7 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     assert "deadline" not in selectors.flags_open(run=run)
     resolved = Flag.objects.filter(run=run, kind="deadline").latest("id")
     assert resolved.explanation == "deadline resolved: the run finished"
+    assert resolved.data["closed_by_run_end"] is True  # alerts send nothing more for it
 
 
 def test_rows_written_in_one_instant_count_once_newest_by_id(project):
