@@ -77,7 +77,10 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
         return []
     now = now or timezone.now()
     if run.has_ended:
-        return flags_close(run=run, reason=f"the run {run.status}", now=now)
+        # Its last data may hold a NaN no forecast saw yet (a job that dies seconds after its
+        # loss blew up): that is raised first, so the alert says why, then every flag closes.
+        raised = _final_events(run=run, now=now)
+        return raised + flags_close(run=run, reason=f"the run {run.status}", now=now)
     if not run.is_active:
         return []  # a crash the sweeper inferred: its flags stay until the run speaks or ends
     keys = tracker_selectors.series_keys(run=run)
@@ -113,6 +116,23 @@ def _latest_odds(*, run: Run, now: datetime) -> float | None:
     )
     p = (row or {}).get("p_on_time")
     return float(p) if isinstance(p, int | float) else None
+
+
+EVENT_KINDS = (Flag.Kind.NAN, Flag.Kind.SPIKE)
+
+
+def _final_events(*, run: Run, now: datetime) -> list[Flag]:
+    """Raise what the run's final data shows of NaN and spikes that no forecast saw."""
+    keys = tracker_selectors.series_keys(run=run)
+    loss_key = tracker_selectors.loss_key_for(keys)
+    if loss_key is None:
+        return []
+    series = tracker_selectors.series_load(run=run, key=loss_key)
+    if len(series) == 0:
+        return []
+    found = _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+    events = [c for c in found if c.kind in EVENT_KINDS]
+    return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
 
 SUSTAINED_KINDS = (

@@ -225,3 +225,17 @@ def test_rows_written_in_one_instant_count_once_newest_by_id(project):
     open_rows = selectors.open_flags_by_run([run.pk])[run.pk]
     assert [(f.kind, f.state, f.onset_step) for f in open_rows] == [("rise", "updated", 250)]
     assert selectors.flags_open(run=run)["rise"].onset_step == 250
+
+
+def test_a_nan_the_job_died_of_is_raised_before_its_flags_close(project):
+    run = make_run(project)
+    steps = np.arange(400)
+    loss = healthy_loss(steps)
+    loss[-3:] = np.nan  # the loss blew up and the job died seconds later: no forecast saw it
+    send(run, steps, loss, seq=1)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(400))
+    services.forecast_compute(run_id=run.pk, now=at(401))
+    rows = list(
+        Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
+    )
+    assert rows == ["raised", "resolved"]  # the alert says why; the crash closes it
