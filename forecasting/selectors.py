@@ -29,7 +29,9 @@ def forecast_latest(*, run: Run, kind: str) -> Forecast | None:
 
 def forecasts_latest(*, run: Run) -> dict[str, Forecast]:
     """The newest forecast of each kind (one indexed query per kind)."""
-    found = {kind: forecast_latest(run=run, kind=kind) for kind in Forecast.Kind.values}
+    # CONDITIONS rows are the flags' working history (hysteresis), not a forecast to show.
+    kinds = [k for k in Forecast.Kind.values if k != Forecast.Kind.CONDITIONS]
+    found = {kind: forecast_latest(run=run, kind=kind) for kind in kinds}
     return {kind: f for kind, f in found.items() if f is not None}
 
 
