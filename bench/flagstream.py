@@ -475,9 +475,11 @@ def table(healthy: list[Replay], faulted: list[Replay], summary: dict[str, Any])
     for r in noisy:
         if r.messages:
             lines.append(f"    {r.name}: {dict(r.messages)}")
+    flippers = [f"{r.name} {dict(r.flip_flops)}" for r in healthy + faulted if r.flip_flops]
     lines += [
         "",
-        f"flip-flops {summary['flip_flops']}; crash alerts caused by an outage "
+        f"flip-flops {summary['flip_flops']}: {'; '.join(flippers[:10])}",
+        f"crash alerts caused by an outage "
         f"{summary['outage_false_crash']} in {summary['outage_replays']} outages",
         "",
         "fault       replays  recall  median delay (s)",
