@@ -313,9 +313,7 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     bs, by, bi = _smoothed(s, v)
     if len(by) < th.DIV_REGRESSION_MIN_BINS:
         return None
-    # Sparse curves (an eval every few hundred steps) get a narrower window: five of sixteen
-    # points would smooth a jump that stayed up into the warm-up it is compared with.
-    k = max(2, min(th.DIV_REGRESSION_LEVEL_BINS, len(by) // 8))
+    k = th.DIV_REGRESSION_LEVEL_BINS
     smooth = pd.Series(by).rolling(k, center=True, min_periods=1).median().to_numpy()
     now_level = float(np.median(by[-k:]))
     best = int(np.argmin(smooth[:-1])) if len(smooth) > 1 else 0
