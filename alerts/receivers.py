@@ -13,11 +13,15 @@ from alerts.tasks import deliver_notification, dispatch_enqueue, dispatch_run_en
 from forecasting.models import Flag
 from tracker.signals import run_finished
 
+# The run's last forecast (run_finished enqueues it too) may raise the flag that says why it
+# ended, a NaN seconds before a crash: its alert should come before the ending's, not after.
+RUN_END_DELAY_S = 20
+
 
 @receiver(run_finished)
 def _on_run_finished(sender: Any, run_id: int, **kwargs: Any) -> None:
     # tracker sends this after commit already.
-    dispatch_run_end.delay(run_id)
+    dispatch_run_end.apply_async(args=[run_id], countdown=RUN_END_DELAY_S)
 
 
 @receiver(post_save, sender=Flag)
