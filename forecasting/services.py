@@ -468,9 +468,10 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             .values_list("received_at", flat=True)[:500]
         ][::-1]
     )
-    chunks = list(run.chunks.order_by("-id").values_list("batch__received_at", "max_step")[:500])[
-        ::-1
-    ]
+    # Progress of the current attempt only: a resume goes back to a checkpoint, and its first
+    # steps lie below the old attempt's furthest one without being a stall.
+    current = run.chunks.filter(segment=run.current_segment).order_by("-id")
+    chunks = list(current.values_list("batch__received_at", "max_step")[:500])[::-1]
     progress_t = np.array([c[0].timestamp() for c in chunks])
     progress_s = np.array([float(c[1]) for c in chunks])
     since = _listening_since()

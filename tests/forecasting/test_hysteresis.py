@@ -124,3 +124,32 @@ def test_regular_ticks_keep_the_server_listening(project):
     for k in range(1, 5):
         assert services.server_tick(now=at(60 * k + 20 * (k % 2))) == first  # late, not missed
     assert services.server_tick(now=at(60 * 4 + 150)) == at(390)  # a missed tick: a gap
+
+
+def test_a_resume_from_an_earlier_checkpoint_is_not_a_stall(project):
+    from django.utils import timezone
+
+    from tracker.models import IngestBatch
+    from tracker.services import SeriesIn, batch_ingest
+
+    run = make_run(project)
+    for i in range(20):
+        steps = np.arange(500 + i * 10, 500 + (i + 1) * 10)
+        send(run, steps, healthy_loss(steps), seq=i + 1)
+    # The first attempt died five minutes ago at step 699 ...
+    died = timezone.now() - timedelta(minutes=5)
+    for k, batch in enumerate(IngestBatch.objects.filter(run=run).order_by("seq")):
+        IngestBatch.objects.filter(pk=batch.pk).update(received_at=died - timedelta(seconds=20 - k))
+    # ... and the job resumed from the checkpoint at step 200: below the old furthest step.
+    for i in range(20):
+        steps = np.arange(200 + i * 5, 200 + (i + 1) * 5)
+        times = np.full(steps.size, timezone.now().timestamp())
+        series = [SeriesIn("loss", steps, healthy_loss(steps), times)]
+        batch_ingest(run=run, session="s2", seq=i + 1, series=series, events=[], heartbeat=None)
+    resumed = IngestBatch.objects.filter(run=run, session="s2").order_by("seq")
+    for k, batch in enumerate(resumed):  # one batch a second, the last just now
+        when = timezone.now() - timedelta(seconds=20 - k)
+        IngestBatch.objects.filter(pk=batch.pk).update(received_at=when)
+    services.run_check_liveness(run_id=run.pk)
+    assert not Flag.objects.filter(run=run, kind="stalled").exists()
+    assert Run.objects.get(pk=run.pk).status == "running"
