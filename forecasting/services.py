@@ -178,7 +178,7 @@ def _sustained(*, run: Run, found: list[Condition], now: datetime) -> list[Condi
     )
     covered = (
         len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
-        and (now - min(r[0] for r in rows)) >= window * 0.66
+        and (now - min(r[0] for r in rows)) >= window * th.FLAG_SUSTAIN_COVERAGE
     )
     seen = [set(d.get("found") or []) for _, d in rows]
     open_flags = selectors.flags_open(run=run)

@@ -254,6 +254,9 @@ FLAG_SUSTAIN_FRACTION = 0.05
 FLAG_SUSTAIN_MIN_S = 45.0
 FLAG_SUSTAIN_MAX_S = 1200.0
 FLAG_SUSTAIN_MIN_COMPUTATIONS = 3
+# The computations found must reach back over two thirds of the window (forecasts are not evenly
+# spaced: they follow the data) for it to count as covered.
+FLAG_SUSTAIN_COVERAGE = 2 / 3
 # An open deadline flag gets an "updated" row when its odds cross one of these, so an alert
 # rule with any threshold sees the crossing (odds drifting 62% -> 61% is not news).
 FLAG_DEADLINE_BANDS = (0.75, 0.5, 0.25, 0.1, 0.01)
