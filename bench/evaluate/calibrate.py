@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from bench.evaluate.eta_eval import CUTOFFS
+from bench.evaluate.eta_eval import CUTOFFS, cutoff_points
 from bench.evaluate.loss_eval import CUTOFFS as LOSS_CUTOFFS
 from bench.evaluate.loss_eval import loss_series
 from curveset import CurveRun, load_runs, run_timeline
@@ -45,16 +45,9 @@ def eta_rows(run: CurveRun) -> list[Row]:
     if tl is None:
         return []
     steps, times = tl
-    end_t, total, start = float(times[-1]), float(steps[-1]), float(times[0])
+    total = float(steps[-1])
     rows: list[Row] = []
-    for cutoff in CUTOFFS:
-        k = int(np.searchsorted(times, start + cutoff / 100 * (end_t - start), side="right"))
-        if k < 3:
-            continue
-        now = float(times[k - 1])
-        actual = end_t - now
-        if actual <= 0 or total - float(steps[k - 1]) <= 0:
-            continue
+    for cutoff, k, now, actual in cutoff_points(steps, times):
         eta = forecast_eta(steps[:k], times[:k], total, now=now)
         if eta is None or eta.compute_p50 <= 0:
             continue

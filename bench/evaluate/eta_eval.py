@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,18 +43,24 @@ class Score:
     covered: bool = False
 
 
-def _score_run(family: str, steps: np.ndarray, times: np.ndarray) -> list[Score]:
-    end_t, total = float(times[-1]), float(steps[-1])
-    start = float(times[0])
-    scores: list[Score] = []
+def cutoff_points(steps: np.ndarray, times: np.ndarray) -> Iterator[tuple[int, int, float, float]]:
+    """(cut-off %, points seen, time of the last one, time actually left) for each cut-off
+    that leaves something to forecast."""
+    end_t, total, start = float(times[-1]), float(steps[-1]), float(times[0])
     for cutoff in CUTOFFS:
         k = int(np.searchsorted(times, start + cutoff / 100 * (end_t - start), side="right"))
         if k < 3:
             continue
         now = float(times[k - 1])
         actual = end_t - now
-        if actual <= 0 or total - float(steps[k - 1]) <= 0:
-            continue
+        if actual > 0 and total - float(steps[k - 1]) > 0:
+            yield cutoff, k, now, actual
+
+
+def _score_run(family: str, steps: np.ndarray, times: np.ndarray) -> list[Score]:
+    total = float(steps[-1])
+    scores: list[Score] = []
+    for cutoff, k, now, actual in cutoff_points(steps, times):
         s, t = steps[:k], times[:k]
         eta = forecast_eta(s, t, total, now=now)
         preds = {name: fn(s, t, total) for name, fn in BASELINES.items()}
