@@ -168,27 +168,43 @@ def _sustained(*, run: Run, found: list[Condition], now: datetime) -> list[Condi
         data={"found": sorted(c.kind for c in found), "deadline_p": deadline_p},
     )
     window = _sustain_window(run, now)
-    rows = list(
+    longest = window * th.FLAG_REOPEN_WINDOWS
+    history = list(
         Forecast.objects.filter(
             run=run,
             kind=Forecast.Kind.CONDITIONS,
-            computed_at__gte=now - window,
+            computed_at__gte=now - longest,
             computed_at__lte=now,
         ).values_list("computed_at", "data")
     )
+
+    def held(kind: str, span: timedelta) -> bool:
+        rows = [d for at, d in history if at >= now - span]
+        oldest = min((at for at, _ in history if at >= now - span), default=now)
+        return (
+            len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
+            and now - oldest >= span * th.FLAG_SUSTAIN_COVERAGE
+            and all(kind in (d.get("found") or []) for d in rows)
+        )
+
+    rows = [(at, d) for at, d in history if at >= now - window]
     covered = (
         len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
         and (now - min(r[0] for r in rows)) >= window * th.FLAG_SUSTAIN_COVERAGE
     )
     seen = [set(d.get("found") or []) for _, d in rows]
     open_flags = selectors.flags_open(run=run)
+    recently_resolved = set(
+        Flag.objects.filter(
+            run=run,
+            state=Flag.State.RESOLVED,
+            created_at__gte=now - timedelta(seconds=th.FLAG_REOPEN_GUARD_S),
+        ).values_list("kind", flat=True)
+    )
     out = []
     for cond in found:
-        if (
-            cond.kind not in SUSTAINED_KINDS
-            or cond.kind in open_flags
-            or (covered and all(cond.kind in s for s in seen))
-        ):
+        span = longest if cond.kind in recently_resolved else window
+        if cond.kind not in SUSTAINED_KINDS or cond.kind in open_flags or held(cond.kind, span):
             out.append(cond)
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():

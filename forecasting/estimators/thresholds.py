@@ -257,6 +257,10 @@ FLAG_SUSTAIN_MIN_COMPUTATIONS = 3
 # The computations found must reach back over two thirds of the window (forecasts are not evenly
 # spaced: they follow the data) for it to count as covered.
 FLAG_SUSTAIN_COVERAGE = 2 / 3
+# A flag that resolved within the last hour comes back only when its condition has held four
+# windows long: "at risk, fine, at risk" within an hour is one worry, not three messages.
+FLAG_REOPEN_GUARD_S = 3600.0
+FLAG_REOPEN_WINDOWS = 4.0
 # An open deadline flag gets an "updated" row when its odds cross one of these, so an alert
 # rule with any threshold sees the crossing (odds drifting 62% -> 61% is not news).
 FLAG_DEADLINE_BANDS = (0.75, 0.5, 0.25, 0.1, 0.01)

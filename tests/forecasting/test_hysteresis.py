@@ -153,3 +153,26 @@ def test_a_resume_from_an_earlier_checkpoint_is_not_a_stall(project):
     services.run_check_liveness(run_id=run.pk)
     assert not Flag.objects.filter(run=run, kind="stalled").exists()
     assert Run.objects.get(pk=run.pk).status == "running"
+
+
+def test_a_flag_that_just_resolved_needs_four_windows_to_come_back(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for _ in range(6):  # raised: found through one 50 s window
+        open_flags = sync(run, [RISE], t)
+        t += 15
+    assert "rise" in open_flags
+    for _ in range(6):  # resolved: absent through one window
+        open_flags = sync(run, [], t)
+        t += 15
+    assert "rise" not in open_flags
+    for _ in range(6):  # back for one window only, within the hour: not yet
+        open_flags = sync(run, [RISE], t)
+        t += 15
+    assert "rise" not in open_flags
+    for _ in range(16):  # held four windows (of 5% of the run so far): it is back
+        open_flags = sync(run, [RISE], t)
+        t += 15
+    assert "rise" in open_flags
