@@ -265,9 +265,13 @@ def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Cond
         data=eta.to_dict(),
         finish=finish,
     )
-    conditions = _slip_condition(run=run, now=now)
-    if run.deadline is not None:
-        conditions += _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
+    if run.deadline is None:
+        return _slip_condition(run=run, now=now)
+    conditions = _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
+    if conditions:
+        # For a run aimed at a cutoff, a slipping ETA is news only while the cutoff is at risk:
+        # a slip that leaves it safe is nothing a lead would act on (the ETA chart shows it).
+        conditions += _slip_condition(run=run, now=now)
     return conditions
 
 

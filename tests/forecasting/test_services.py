@@ -239,3 +239,28 @@ def test_a_nan_the_job_died_of_is_raised_before_its_flags_close(project):
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
     assert rows == ["raised", "resolved"]  # the alert says why; the crash closes it
+
+
+def test_a_slip_that_leaves_the_cutoff_safe_raises_nothing(project):
+    Deadline.objects.create(
+        project=project, slug="far", name="far away", cutoff=at(10 * 86400), buffer=timedelta(0)
+    )
+    run = make_run(project, total=20_000, deadline="far")
+    steps = np.arange(2000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(2000))
+    seq, t, step = 2, 2000.0, 2000
+    for _ in range(8):  # the pace halves, as in test_it_flags_a_slipping_eta
+        more = np.arange(step, step + 500)
+        times = t + (more - step + 1) * 2.0
+        batch_ingest(
+            run=run,
+            session="s1",
+            seq=seq,
+            events=[],
+            heartbeat=None,
+            series=[SeriesIn("loss", more, healthy_loss(more), T0 + times)],
+        )
+        seq, t, step = seq + 1, t + 1000, step + 500
+        compute_sustained(run, t)
+    assert not Flag.objects.filter(run=run, kind__in=["slip", "deadline"]).exists()
