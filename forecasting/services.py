@@ -91,31 +91,21 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     if progress_key is not None:
         raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
         if len(raw):
-            eta_conditions = _eta_and_deadline(run=run, progress=_thin(raw), now=now)
-            if eta_conditions is None and run.is_active:
+            eta = _eta_and_deadline(run=run, progress=_thin(raw), now=now)
+            if eta is None:
                 # No ETA this time (e.g. too few points right after a resume): that says
                 # nothing about the deadline or the slip, so their open flags stay as they are.
                 kinds = Flag.DIVERGENCE_KINDS
-            conditions += eta_conditions or []
+            eta_conditions, odds = eta if eta is not None else ([], None)
+            conditions += eta_conditions
             if loss_key is not None:
                 # The progress series is the loss series: resolve it in memory, not reload it.
                 series = latest_wins(raw)
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-            conditions = _sustained(run=run, found=conditions, now=now)
+            conditions = _sustained(run=run, found=conditions, odds=odds, now=now)
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
-
-
-def _latest_odds(*, run: Run, now: datetime) -> float | None:
-    """The chance of making the cutoff that this computation stored, if it made one."""
-    row = (
-        Forecast.objects.filter(run=run, kind=Forecast.Kind.DEADLINE, computed_at=now)
-        .values_list("data", flat=True)
-        .first()
-    )
-    p = (row or {}).get("p_on_time")
-    return float(p) if isinstance(p, int | float) else None
 
 
 EVENT_KINDS = (Flag.Kind.NAN, Flag.Kind.SPIKE)
@@ -150,14 +140,15 @@ def _sustain_window(run: Run, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _sustained(*, run: Run, found: list[Condition], now: datetime) -> list[Condition]:
+def _sustained(
+    *, run: Run, found: list[Condition], odds: float | None, now: datetime
+) -> list[Condition]:
     """Hysteresis: of trending conditions, report a new one only when every computation over
     the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*).
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
     """
-    deadline_p = _latest_odds(run=run, now=now)
     _store(
         run=run,
         kind=Forecast.Kind.CONDITIONS,
@@ -165,7 +156,7 @@ def _sustained(*, run: Run, found: list[Condition], now: datetime) -> list[Condi
         # and its findings must still accumulate (recomputing at the same instant is idempotent).
         last_step=int(now.timestamp()),
         now=now,
-        data={"found": sorted(c.kind for c in found), "deadline_p": deadline_p},
+        data={"found": sorted(c.kind for c in found), "deadline_p": odds},
     )
     window = _sustain_window(run, now)
     longest = window * th.FLAG_REOPEN_WINDOWS
@@ -249,8 +240,11 @@ def _store(
     return forecast
 
 
-def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Condition] | None:
-    """Slip and deadline conditions, or None when no ETA can be made from the data."""
+def _eta_and_deadline(
+    *, run: Run, progress: Series, now: datetime
+) -> tuple[list[Condition], float | None] | None:
+    """Slip and deadline conditions and the chance of making the cutoff (None without one), or
+    None when no ETA can be made from the data."""
     now_s = now.timestamp()
     eta = forecast_eta(progress.steps.astype(float), progress.times, run.total_steps, now=now_s)
     if eta is None:
@@ -266,13 +260,13 @@ def _eta_and_deadline(*, run: Run, progress: Series, now: datetime) -> list[Cond
         finish=finish,
     )
     if run.deadline is None:
-        return _slip_condition(run=run, now=now)
-    conditions = _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
+        return _slip_condition(run=run, now=now), None
+    conditions, odds = _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
     if conditions:
         # For a run aimed at a cutoff, a slipping ETA is news only while the cutoff is at risk:
         # a slip that leaves it safe is nothing a lead would act on (the ETA chart shows it).
         conditions += _slip_condition(run=run, now=now)
-    return conditions
+    return conditions, odds
 
 
 def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
@@ -302,15 +296,15 @@ def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
 
 def _deadline_condition(
     *, run: Run, eta: EtaForecast, last_step: int, now: datetime
-) -> list[Condition]:
+) -> tuple[list[Condition], float]:
     assert run.deadline is not None
     risk = deadline_risk(eta, run.deadline.train_by.timestamp())
     data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
     _store(run=run, kind=Forecast.Kind.DEADLINE, last_step=last_step, now=now, data=data)
     if risk.p_on_time >= th.FLAG_DEADLINE_AT_RISK_P:
-        return []
+        return [], risk.p_on_time
     text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
-    return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)]
+    return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)], risk.p_on_time
 
 
 def _loss_and_divergence(
@@ -466,8 +460,7 @@ def _listening_since() -> datetime | None:
 
 
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
-    """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress); once its
-    client reports its end, close its flags with that reason.
+    """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress).
 
     Silence while the server itself was not listening does not count: a client spools through
     an outage and replays when it is back (outage-aware, see server_tick).
@@ -476,10 +469,9 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
     run = Run.objects.select_related("project").filter(pk=run_id).first()
     if run is None:
         return []
-    if run.has_ended:
-        return flags_close(run=run, reason=f"the run {run.status}", now=now)
     if not run.is_active:
-        return []  # a crash the sweeper inferred: its stalled flag stays open
+        # Ended: forecast_compute closed its flags. Inferred crash: its stalled flag stays open.
+        return []
     beats = np.array(
         [
             t.timestamp()

@@ -37,8 +37,6 @@ def forecast_run(run_id: int) -> None:
     # Clear the debounce marker first: data arriving during this computation schedules the next.
     cache.delete(_pending_key(run_id))
     services.forecast_compute(run_id=run_id)
-    # Also the liveness rule for a run that just ended: its stalled flag closes with the reason.
-    services.run_check_liveness(run_id=run_id)
 
 
 @shared_task(soft_time_limit=50, time_limit=55)

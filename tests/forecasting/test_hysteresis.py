@@ -21,9 +21,14 @@ RISE = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
 
 def sync(run: Run, found: list[services.Condition], seconds: float) -> dict[str, Flag]:
     now = at(seconds)
-    kept = services._sustained(run=run, found=found, now=now)
+    kept = services._sustained(run=run, found=found, odds=_odds_at(run, now), now=now)
     services.flags_sync(run=run, conditions=kept, kinds=services.FORECAST_FLAG_KINDS, now=now)
     return services.selectors.flags_open(run=run)
+
+
+def _odds_at(run: Run, now) -> float | None:
+    row = Forecast.objects.filter(run=run, kind="deadline", computed_at=now).first()
+    return None if row is None else row.data.get("p_on_time")
 
 
 def test_one_noisy_computation_neither_raises_nor_resolves(project):

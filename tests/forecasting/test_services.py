@@ -50,6 +50,18 @@ def at(seconds):
     return from_epoch(T0 + seconds)
 
 
+def halve_pace(run, *, rounds=8):
+    """From step 2,000 (t = 2,000 s) on, steps take 2 s instead of 1; forecasts follow."""
+    seq, t, step = 2, 2000.0, 2000
+    for _ in range(rounds):
+        more = np.arange(step, step + 500)
+        times = t + (more - step + 1) * 2.0
+        series = [SeriesIn("loss", more, healthy_loss(more), T0 + times)]
+        batch_ingest(run=run, session="s1", seq=seq, events=[], heartbeat=None, series=series)
+        seq, t, step = seq + 1, t + 1000, step + 500
+        compute_sustained(run, t)
+
+
 def compute_sustained(run, seconds):
     """Forecasts over the hysteresis window (5% of the run so far, at least 45 s) that a
     trending condition must hold through before it raises; returns the last time used."""
@@ -140,21 +152,7 @@ def test_it_flags_a_slipping_eta(project):
     steps = np.arange(2000)
     send(run, steps, healthy_loss(steps), seq=1)
     services.forecast_compute(run_id=run.pk, now=at(2000))
-    # The pace halves: every later forecast moves the finish later.
-    seq, t, step = 2, 2000.0, 2000
-    for _ in range(8):
-        more = np.arange(step, step + 500)
-        times = t + (more - step + 1) * 2.0
-        batch_ingest(
-            run=run,
-            session="s1",
-            seq=seq,
-            events=[],
-            heartbeat=None,
-            series=[SeriesIn("loss", more, healthy_loss(more), T0 + times)],
-        )
-        seq, t, step = seq + 1, t + 1000, step + 500
-        compute_sustained(run, t)
+    halve_pace(run)  # every later forecast moves the finish later
     flag = Flag.objects.get(run=run, kind="slip")
     assert "slip" in flag.explanation
 
@@ -249,18 +247,5 @@ def test_a_slip_that_leaves_the_cutoff_safe_raises_nothing(project):
     steps = np.arange(2000)
     send(run, steps, healthy_loss(steps), seq=1)
     services.forecast_compute(run_id=run.pk, now=at(2000))
-    seq, t, step = 2, 2000.0, 2000
-    for _ in range(8):  # the pace halves, as in test_it_flags_a_slipping_eta
-        more = np.arange(step, step + 500)
-        times = t + (more - step + 1) * 2.0
-        batch_ingest(
-            run=run,
-            session="s1",
-            seq=seq,
-            events=[],
-            heartbeat=None,
-            series=[SeriesIn("loss", more, healthy_loss(more), T0 + times)],
-        )
-        seq, t, step = seq + 1, t + 1000, step + 500
-        compute_sustained(run, t)
+    halve_pace(run)
     assert not Flag.objects.filter(run=run, kind__in=["slip", "deadline"]).exists()
