@@ -3,7 +3,8 @@
 
 The invitation page is the one page reachable without logging in: the link's token is the
 credential. GET only shows it (mail scanners fetch links; that must not spend them); POST spends
-it. Its responses are never cached and send no Referer, so the token does not travel on.
+it. Its responses are never cached and send a Referer only to this site, so the token does not
+travel on.
 """
 
 from __future__ import annotations
@@ -151,5 +152,7 @@ def _accept_context(
 
 def _private(response: HttpResponse) -> HttpResponse:
     response["Cache-Control"] = "no-store"
-    response["Referrer-Policy"] = "no-referrer"
+    # same-origin, not no-referrer: with no-referrer the browser sends "Origin: null" on the
+    # form's POST and Django's CSRF check refuses it. Same-origin keeps the token from leaving.
+    response["Referrer-Policy"] = "same-origin"
     return response

@@ -104,7 +104,7 @@ def test_an_emailed_invitation_takes_a_new_person_to_a_logged_in_member(
 
     newcomer = Client()
     page = newcomer.get(link)
-    assert page.status_code == 200 and page["Referrer-Policy"] == "no-referrer"
+    assert page.status_code == 200 and page["Referrer-Policy"] == "same-origin"
     assert "Join LLM pretraining" in page.content.decode()
     pw = "a-long-passphrase-42"
     res = newcomer.post(link, {"username": "newcomer", "password": pw, "password_again": pw})
