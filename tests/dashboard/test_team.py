@@ -305,3 +305,17 @@ def test_the_demo_projects_token_panel_steers_real_work_elsewhere(
     normal = Project.objects.create(slug="real", name="Real")
     Membership.objects.create(project=normal, user=owner, role="owner")
     assert 'id="demo-notice"' not in client.get("/projects/real/settings/").content.decode()
+
+
+def test_the_settings_page_queries_stay_bounded_with_invitations(
+    client: Client, owner: User, project: Project, django_assert_max_num_queries: Any
+) -> None:
+    for n in range(5):
+        invitations.invitation_create(
+            project=project, email=f"p{n}@example.com", role="viewer", invited_by=owner
+        )
+    client.force_login(owner)
+    client.get("/projects/llm/settings/")
+    with django_assert_max_num_queries(9):
+        page = client.get("/projects/llm/settings/").content.decode()
+    assert page.count("@example.com</td><td>viewer") == 5
