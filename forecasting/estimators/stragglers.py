@@ -105,6 +105,21 @@ def _validate(
     return steps, compute, extra[0], extra[1]
 
 
+def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
+    """np.nanmedian along one axis of a 2-D array, without its slow masked-array path: sort
+    (NaN last) and take the middle of the finite values."""
+    a = np.asarray(a, dtype=float)
+    missing = np.isnan(a)
+    if not missing.any():
+        return np.median(a, axis=axis)
+    srt = np.sort(a, axis=axis)
+    count = np.sum(~missing, axis=axis, keepdims=True)
+    lo = np.take_along_axis(srt, np.clip((count - 1) // 2, 0, None), axis=axis)
+    hi = np.take_along_axis(srt, np.clip(count // 2, 0, None), axis=axis)
+    out = np.where(count > 0, (lo + hi) / 2.0, np.nan)
+    return np.squeeze(out, axis=axis)
+
+
 @dataclass
 class Scan:
     """A causal CUSUM scan of series (rows x series): what a detector called at each row saw.
@@ -134,8 +149,9 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
     csum = np.concatenate((np.zeros((1, dev.shape[1])), np.cumsum(filled, axis=0)), axis=0)
     for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
         if dev.shape[0] >= 3 * b:
-            means = (csum[b:] - csum[:-b]) / b
-            spread = 1.4826 * np.nanmedian(np.abs(means - np.nanmedian(means, axis=0)), axis=0)
+            # Overlapping means are strongly correlated: every quarter block is as good as all.
+            means = ((csum[b:] - csum[:-b]) / b)[:: max(1, b // 4)]
+            spread = 1.4826 * nanmedian(np.abs(means - nanmedian(means, axis=0)), axis=0)
             longrun = np.fmax(longrun, spread * np.sqrt(b))
         elif i > 0:
             # Too few rows for this block: assume the level wanders like a random walk (the
@@ -145,17 +161,28 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
     return out
 
 
-def _level_and_noise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-series median, noise per block length (blocks x series) and row noise, robustly."""
+def _subsample(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     if n > th.STRAGGLER_LEVEL_MAX_ROWS:
-        x = x[np.linspace(0, n - 1, th.STRAGGLER_LEVEL_MAX_ROWS).astype(int)]
+        return x[np.linspace(0, n - 1, th.STRAGGLER_LEVEL_MAX_ROWS).astype(int)]
+    return x
+
+
+def _level(x: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return nanmedian(_subsample(x), axis=0)
+
+
+def _level_and_noise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-series median, noise per block length (blocks x series) and row noise, robustly."""
+    x = _subsample(x)
     floor = th.STRAGGLER_MIN_NOISE
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: a rank not yet seen
-        level = np.nanmedian(x, axis=0)
+        level = nanmedian(x, axis=0)
         dev = x - level
-        point = 1.4826 * np.nanmedian(np.abs(dev), axis=0)
+        point = 1.4826 * nanmedian(np.abs(dev), axis=0)
         longrun = _longrun_noise(dev, point)
         # Pooled over series: a dozen blocks per series is a noisy scale, and the ranks of one
         # job share their noise; a series noisier than the pool keeps its own (fewer false
@@ -220,15 +247,22 @@ def scan(
     block_of = [th.STRAGGLER_BLOCK_ROWS.index(b) for b in th.STRAGGLER_CUSUM_BLOCK]
     h_last = np.zeros((n_k, m))
     frozen = np.zeros(m, dtype=bool)
+    noise_rows = 0
     first = min(n, th.STRAGGLER_MIN_ROWS)
     cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
     for a, e in itertools.pairwise(cuts):
-        new_level, new_sigma, new_point = _level_and_noise(x[:a])
         keep_old = frozen & np.isfinite(level)
+        if a >= th.STRAGGLER_NOISE_GROWTH * noise_rows:
+            # The noise estimate changes slowly with more rows: refresh it when they have grown
+            # by half (the level is refreshed at every checkpoint).
+            new_level, new_sigma, new_point = _level_and_noise(x[:a])
+            sigma = np.where(keep_old, sigma, new_sigma)
+            point = np.where(keep_old, point, new_point)
+            noise_rows = a
+        else:
+            new_level = _level(x[:a])
         level = np.where(keep_old, level, new_level)
-        sigma = np.where(keep_old, sigma, new_sigma)
         widest = sigma.max(axis=0)
-        point = np.where(keep_old, point, new_point)
         # The level is itself estimated from `a` rows: its error would read as a shift, so the
         # slack k grows by two of its standard errors.
         slack = 2.0 * widest / np.sqrt(max(a, 1))
@@ -298,7 +332,7 @@ def _prepare(
     log_c = np.log(compute)
     med = np.full(n, np.nan)
     if ok.any():
-        med[ok] = np.nanmedian(log_c[ok], axis=1)
+        med[ok] = nanmedian(log_c[ok], axis=1)
     x = log_c - med[:, None]
     stride = np.diff(steps, prepend=steps[0] - (np.median(np.diff(steps)) if n > 1 else 1.0))
     stride = np.clip(stride, 1.0, None)
@@ -306,9 +340,9 @@ def _prepare(
         warnings.simplefilter("ignore", RuntimeWarning)
         slowest = np.nanmax(compute, axis=1)
         if total is not None:
-            whole = np.nanmedian(total[order], axis=1)
+            whole = nanmedian(total[order], axis=1)
         elif wait is not None:
-            whole = np.nanmedian(compute + np.where(np.isfinite(wait[order]), wait[order], 0), 1)
+            whole = nanmedian(compute + np.where(np.isfinite(wait[order]), wait[order], 0), axis=1)
         else:
             whole = slowest
     comm = np.clip(np.nan_to_num(whole - slowest), 0.0, None)
@@ -380,7 +414,7 @@ def _nvidia_scores(job: _Job, rank: int, onset: int) -> dict[str, float]:
     """NVIDIA resiliency-ext style scores for one rank over the rows since onset (evidence)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        recent = np.nanmedian(job.compute[onset:], axis=0)
+        recent = nanmedian(job.compute[onset:], axis=0)
         best_own = np.nanmin(job.compute[:, rank])
     return {
         "relative_score": float(np.nanmin(recent) / recent[rank]),
@@ -433,7 +467,7 @@ def _host_findings(
         base = np.zeros(len(members)) if hs.by_level[j] else np.fmax(rank_levels[members], 0.0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            moved = np.nanmedian(job.x[onset:, members], axis=0) - base
+            moved = nanmedian(job.x[onset:, members], axis=0) - base
             shift = float(np.nanmedian(xh[onset:, j])) - max(level, 0.0)
         share = float(np.mean(moved >= 0.5 * shift)) if shift > 0 else 0.0
         if share < th.STRAGGLER_HOST_SHARE:
@@ -508,7 +542,7 @@ def _report(job: _Job, found: list[Straggler]) -> StragglerReport:
         warnings.simplefilter("ignore", RuntimeWarning)
         job_step = float(np.nanmedian(job.step_time[tail]))
         whatif = float(np.nanmedian((np.nanmax(fixed, axis=1) + job.comm)[tail]))
-        median_rank = np.nanmedian(job.compute, axis=1) + job.comm
+        median_rank = nanmedian(job.compute, axis=1) + job.comm
         median_step = float(np.nanmedian(median_rank[tail]))
     stragglers = sorted(found, key=lambda s: -s.cost_s)
     return StragglerReport(stragglers, median_step, job_step, min(whatif, job_step))

@@ -252,6 +252,8 @@ STRAGGLER_MIN_ROWS = 48  # three 16-row blocks: the wander of a rank's level is 
 # so 1,024 ranks x a long history cost the same as a short one.
 STRAGGLER_CHECKPOINTS = 16
 STRAGGLER_LEVEL_MAX_ROWS = 400
+# The noise is re-estimated only when the rows behind it have grown by this factor.
+STRAGGLER_NOISE_GROWTH = 1.5
 # Rows are autocorrelated (the trace holds 41-60% of values over two samples; lag-1
 # autocorrelation 0.5-0.75), so the noise that matters for a persistent shift is that of block
 # means, not of single rows: moving means over these many rows (x sqrt of it) give the long-run
