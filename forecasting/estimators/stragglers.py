@@ -248,6 +248,9 @@ def scan(
     h_last = np.zeros((n_k, m))
     frozen = np.zeros(m, dtype=bool)
     noise_rows = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        spread = nanmedian(np.abs(x - nanmedian(x, axis=1)[:, None]), axis=1)
     first = min(n, th.STRAGGLER_MIN_ROWS)
     cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
     for a, e in itertools.pairwise(cuts):
@@ -273,6 +276,10 @@ def scan(
         # slower than the median (as the trace labels require) before the job waits for it.
         base = np.fmax(np.nan_to_num(level), 0.0)
         dev = np.clip(np.where(ok, rel - base, 0.0), -clip, clip)
+        # Rows where every rank is unusually spread (a burst of contention) weigh less: their
+        # deviations are shrunk by how much wider than usual the ranks' spread is.
+        burst = np.fmax(spread[a:e] / (th.STRAGGLER_BURST_FACTOR * np.nanmedian(spread[:a])), 1.0)
+        dev = dev / np.where(np.isfinite(burst), burst, 1.0)[:, None]
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
