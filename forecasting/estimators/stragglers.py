@@ -278,7 +278,10 @@ def scan(
         dev = np.clip(np.where(ok, rel - base, 0.0), -clip, clip)
         # Rows where every rank is unusually spread (a burst of contention) weigh less: their
         # deviations are shrunk by how much wider than usual the ranks' spread is.
-        burst = np.fmax(spread[a:e] / (th.STRAGGLER_BURST_FACTOR * np.nanmedian(spread[:a])), 1.0)
+        # The allowance is the sampling error of a spread over m series (a spread over ten
+        # ranks wobbles by half; over a thousand, by a few percent).
+        usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
+        burst = np.fmax(spread[a:e] / usual, 1.0)
         dev = dev / np.where(np.isfinite(burst), burst, 1.0)[:, None]
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)

@@ -273,9 +273,10 @@ STRAGGLER_CUSUM_BLOCK = (64, 32, 8, 16)
 # Single rows are clipped at this many (row-level) noise units before they enter a CUSUM: one
 # heavy-tailed row (the trace's p99.9 is 1.17x) then cannot make an alarm alone.
 STRAGGLER_CLIP_SIGMAS = 6.0
-# A row whose cross-rank spread is over this many times the usual spread is a burst that hits
-# every rank (the CoV of the trace's jobs swings 1.3-4.5x between its p50 and p95): its
-# deviations are scaled down by the excess, so a burst does not push many CUSUMs over at once.
+# A row whose cross-rank spread is wider than usual (a burst of contention that hits every rank:
+# the CoV of the trace's jobs swings 1.3-4.5x between its p50 and p95, and shifts level) has its
+# deviations scaled down by the excess, so a burst does not push many CUSUMs over at once. The
+# allowance above "usual" is this many standard errors of a spread over m series (1/sqrt(m)).
 STRAGGLER_BURST_FACTOR = 1.5
 # An alarm needs its excursion to have lasted this many rows (the trace labels need three
 # flagged samples for an episode): one or two tall rows are a blip.
