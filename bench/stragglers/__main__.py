@@ -235,6 +235,7 @@ def synthetic(
     jobs: list[data.Job],
     root: Path,
     tally: Tally,
+    bands: Tally,
     rng: np.random.Generator,
     sizes: list[int],
     worlds: int,
