@@ -44,7 +44,7 @@ def test_the_bench_prints_its_table_and_one_json_line(capsys: pytest.CaptureFixt
     assert result["whatif_eta_error"] is None or 0.0 <= result["whatif_eta_error"] < 1.0
     # The publisher-described episode (job 1, rank 6) is found.
     assert result["episodes"]["recall_primary"] == 1.0
-    for name in ("nvidia_relative", "nvidia_individual"):
+    for name in ("nvidia_relative", "nvidia_individual", "nvidia_relative_matched"):
         base = result["baselines"][name]
         assert set(base["recall_by_slowdown"]) == {"2", "5", "10", "20"}
         assert "false_alarms_per_job_day" in base
