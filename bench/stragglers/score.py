@@ -142,11 +142,8 @@ def score(
     if truth.rank is not None:
         delay = first_after(ranks_above[:, truth.rank], truth.onset)
     else:
-        by_host = (
-            first_after(hosts_above[:, names.index(truth.host)], truth.onset)
-            if hosts_above.shape[1]
-            else None
-        )
+        col = names.index(truth.host) if truth.host in names[: hosts_above.shape[1]] else None
+        by_host = first_after(hosts_above[:, col], truth.onset) if col is not None else None
         share = ranks_above[:, members].mean(axis=1) >= 0.5
         by_ranks = first_after(share, truth.onset)
         found = [d for d in (by_host, by_ranks) if d is not None]
