@@ -239,15 +239,18 @@ def synthetic(
     rng: np.random.Generator,
     sizes: list[int],
     worlds: int,
-    rows: int,
+    cells: int,
     etas: list,
 ) -> None:
     blocks = data.noise_blocks(jobs)
     covs = [c for c in data.cov_series(root) if c.size >= 100]
     per_day = 86400.0 / 10.0  # one sample per 10 s, as in the trace
-    days = rows / per_day
-    steps = np.arange(rows, dtype=float) * 10.0
     for size in sizes:
+        # Worlds are bounded by cells (ranks x rows) so the bench runs in minutes: 64 ranks get
+        # 2,000 rows (5.5 h at 10 s a row), 1,024 ranks 400 rows (67 min).
+        rows = int(np.clip(cells // size, 300, 2000))
+        days = rows / per_day
+        steps = np.arange(rows, dtype=float) * 10.0
         hosts = {f"node-{i}": list(range(i * 8, i * 8 + 8)) for i in range(size // 8)}
         for f in SLOWDOWNS:
             for _ in range(worlds):
@@ -391,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="a quick subset: trials per size")
     parser.add_argument("--sizes", default="64,256,1024", help="synthetic world sizes (ranks)")
-    parser.add_argument("--rows", type=int, default=360, help="rows per synthetic world")
+    parser.add_argument(
+        "--cells", type=int, default=400_000, help="ranks x rows per synthetic world (bound)"
+    )
     parser.add_argument("--skip-cost", action="store_true", help="skip the timing of 1,024 ranks")
     args = parser.parse_args(argv)
 
@@ -406,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     ep = episodes(jobs, tally)
     real_injections(jobs, tally, rng, trials, etas)
     bands = Tally()
-    synthetic(jobs, args.data, tally, bands, rng, sizes, worlds, args.rows, etas)
+    synthetic(jobs, args.data, tally, bands, rng, sizes, worlds, args.cells, etas)
     cost = {} if args.skip_cost else detector_cost(rng)
     eta = np.array(etas) if etas else np.full((1, 3), np.nan)
     matched = {name: _matched(tally, name) for name in FAMILIES}

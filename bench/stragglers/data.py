@@ -107,8 +107,8 @@ def synth_world(
     1,024 ranks is an assumption."""
     start = int(rng.integers(0, max(1, cov.size - rows + 1)))
     c = cov[start : start + rows]
-    if c.size < rows:
-        c = np.resize(c, rows)
+    if c.size < rows:  # a shorter job's series is played back and forth (no jump at the seam)
+        c = np.resize(np.concatenate((c, c[::-1])), rows)
     n_blocks = -(-rows // blocks.shape[0])
     pick = rng.integers(0, blocks.shape[1], size=(n_blocks, ranks))
     eps = blocks[:, pick].transpose(1, 0, 2).reshape(n_blocks * blocks.shape[0], ranks)[:rows]

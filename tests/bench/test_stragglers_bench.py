@@ -29,7 +29,7 @@ def test_it_loads_the_trace_with_its_episodes() -> None:
 
 @needs_ranks
 def test_the_bench_prints_its_table_and_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--data", str(RANKS), "--limit", "1", "--sizes", "64", "--rows", "200"]
+    argv = ["--data", str(RANKS), "--limit", "1", "--sizes", "64", "--cells", "19200"]
     assert cli.main([*argv, "--json", "--skip-cost"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert any(line.startswith("set ") for line in out)  # the table
