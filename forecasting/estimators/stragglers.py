@@ -282,7 +282,8 @@ def scan(
         # ranks wobbles by half; over a thousand, by a few percent).
         usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
         burst = np.fmax(spread[a:e] / usual, 1.0)
-        dev = dev / np.where(np.isfinite(burst), burst, 1.0)[:, None]
+        burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
+        dev = dev / burst
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
@@ -293,7 +294,7 @@ def scan(
             else:
                 k = np.full(m, th.STRAGGLER_LEVEL_K)
                 gap = np.where(np.isfinite(rel), rel, 0.0) - np.log(level_ratio or 1.0)
-                inc = np.where(np.isfinite(rel), np.clip(gap, -clip, clip), 0.0)
+                inc = np.where(np.isfinite(rel), np.clip(gap, -clip, clip) / burst, 0.0)
             h = sigma[block_of[j]] ** 2 * log_a / (2.0 * k)
             sj, stj = _page(s[j], st[j], inc, a)
             # Persistence: an excursion shorter than a few rows is a blip, however tall.
