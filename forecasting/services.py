@@ -482,7 +482,8 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
     )
     # Progress of the current attempt only: a resume goes back to a checkpoint, and its first
     # steps lie below the old attempt's furthest one without being a stall.
-    current = run.chunks.filter(segment=run.current_segment).order_by("-id")
+    # Chunks whose batch row retention deleted have no received time; they are days old.
+    current = run.chunks.filter(segment=run.current_segment, batch__isnull=False).order_by("-id")
     chunks = list(current.values_list("batch__received_at", "max_step")[:500])[::-1]
     progress_t = np.array([c[0].timestamp() for c in chunks])
     progress_s = np.array([float(c[1]) for c in chunks])

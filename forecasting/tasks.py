@@ -11,8 +11,9 @@ from typing import Any
 from celery import shared_task
 from celery.signals import worker_init
 from django.core.cache import cache
+from django.utils import timezone
 
-from forecasting import selectors
+from forecasting import retention, selectors
 
 # `forecasting.services` (the estimators: scipy, pandas, statsmodels; ~100 MB per process) is
 # imported inside the tasks, not here: web workers import this module to enqueue and must not
@@ -57,6 +58,12 @@ def sweep_active_runs() -> None:
     for run_id in selectors.active_run_ids():
         services.run_check_liveness(run_id=run_id)
         forecast_enqueue(run_id=run_id)
+
+
+@shared_task(soft_time_limit=120, time_limit=150)
+def forecasts_thin() -> None:
+    """Beat: thin old forecasts and drop old CONDITIONS rows (forecasting/retention.py)."""
+    retention.forecasts_thin(now=timezone.now(), budget_s=90.0)
 
 
 @worker_init.connect
