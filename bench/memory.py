@@ -54,7 +54,7 @@ QUEUES = "default,forecasting,alerts"
 # docker-compose.yml before this change, and now (see docs/deployment.md for the reasons).
 OLD_WEB = "gunicorn config.wsgi --workers 4 --threads 4"
 OLD_WORKER = f"celery -A config worker -Q {QUEUES} --concurrency 4 --loglevel WARNING"
-NEW_WEB = "gunicorn config.wsgi --workers 2 --threads 8 --preload --max-requests 5000"
+NEW_WEB = "gunicorn config.wsgi --workers 2 --threads 8 --preload --max-requests 5000 --max-requests-jitter 500"
 NEW_WORKER = (
     f"celery -A config worker -Q {QUEUES} --concurrency 2 --max-memory-per-child 400000"
     " --loglevel WARNING"
@@ -67,18 +67,12 @@ class Config:
     tree: str  # "baseline" or "current"
     web: str
     worker: str
-    env: tuple[tuple[str, str], ...] = ()
 
 
 CONFIGS = {
     "before": Config("before", "baseline", OLD_WEB, OLD_WORKER),
     "after-old-flags": Config("after-old-flags", "current", OLD_WEB, OLD_WORKER),
     "after": Config("after", "current", NEW_WEB, NEW_WORKER),
-    # glibc gives each thread that allocates its own malloc arena, which keeps what it freed:
-    # threaded gunicorn workers decoding large batches concurrently grow by one per thread.
-    "after-arenas": Config(
-        "after-arenas", "current", NEW_WEB, NEW_WORKER, (("MALLOC_ARENA_MAX", "2"),)
-    ),
 }
 
 
@@ -228,7 +222,7 @@ def forecast_all(env: dict[str, str], tree: Path, prefix: str, timeout: float = 
 
 def measure(config: Config, trees: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
     tree = trees[config.tree]
-    env = {**env_for(tree), **dict(config.env)}
+    env = env_for(tree)
     cleanup = ingest.Cleanup()
     try:
         ingest.recreate_db(DB)
