@@ -76,8 +76,10 @@ def sizes() -> dict[str, dict[str, int]]:
     out = {}
     with connection.cursor() as cur:
         for table in TABLES:
+            # Table names are this module's constants, never input.
             cur.execute(f"VACUUM FULL {table}")
-            cur.execute(f"SELECT pg_total_relation_size('{table}'), count(*) FROM {table}")
+            count = f"SELECT pg_total_relation_size(%s), count(*) FROM {table}"  # noqa: S608
+            cur.execute(count, [table])
             size, rows = cur.fetchone()
             out[table] = {"bytes": int(size), "rows": int(rows)}
     return out
@@ -89,7 +91,7 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
 
     from forecasting import services
     from forecasting.models import Forecast
-    from tracker.models import Deadline, Project, Run
+    from tracker.models import Deadline, Project
     from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
 
     project = Project.objects.create(slug="growth", name="Growth", gpu_hour_price=2.0)
@@ -134,9 +136,7 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
             ingest.log(f"  {t // 3600} h simulated ({(time.time() - began) / t * 1e3:.1f} ms/s)")
     # The run's batches arrived over the day, not during this script's minutes.
     with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE tracker_ingestbatch SET received_at = to_timestamp(%s + seq - 1)", [T0]
-        )
+        cur.execute("UPDATE tracker_ingestbatch SET received_at = to_timestamp(%s + seq - 1)", [T0])
     real = sum(1 for _ in samples)
     copies = _copy_forecasts(run, samples, seconds)
     return {"run_id": run.pk, "real_computations": real, "copied_rows": copies}

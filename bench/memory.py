@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ingest  # noqa: E402  (bench/ingest.py: trainer processes, process groups, databases)
+import ingest
 
 ROOT = ingest.ROOT
 WORK = ingest.WORK
@@ -54,7 +54,10 @@ QUEUES = "default,forecasting,alerts"
 # docker-compose.yml before this change, and now (see docs/deployment.md for the reasons).
 OLD_WEB = "gunicorn config.wsgi --workers 4 --threads 4"
 OLD_WORKER = f"celery -A config worker -Q {QUEUES} --concurrency 4 --loglevel WARNING"
-NEW_WEB = "gunicorn config.wsgi --workers 2 --threads 8 --preload --max-requests 5000 --max-requests-jitter 500"
+NEW_WEB = (
+    "gunicorn config.wsgi --workers 2 --threads 8 --preload"
+    " --max-requests 5000 --max-requests-jitter 500"
+)
 NEW_WORKER = (
     f"celery -A config worker -Q {QUEUES} --concurrency 2 --max-memory-per-child 400000"
     " --loglevel WARNING"

@@ -35,9 +35,9 @@ THINNED_KINDS = tuple(k for k in Forecast.Kind.values if k != Forecast.Kind.COND
 # Full history must cover everything that reads it (slip's window, "moved over 24 h"), a day
 # more for a sweep that ran late.
 MIN_FULL = max(timedelta(seconds=th.SLIP_WINDOW_MAX_S), MOVE_WINDOW) + timedelta(days=1)
-MIN_CONDITIONS = timedelta(
-    seconds=th.FLAG_SUSTAIN_MAX_S * th.FLAG_REOPEN_WINDOWS
-) + timedelta(minutes=40)
+MIN_CONDITIONS = timedelta(seconds=th.FLAG_SUSTAIN_MAX_S * th.FLAG_REOPEN_WINDOWS) + timedelta(
+    minutes=40
+)
 DELETE_ROWS = 5_000  # per DELETE statement
 
 
