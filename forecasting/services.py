@@ -272,7 +272,7 @@ def _eta_and_deadline(
 def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
     etas = Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
     # The slip window never exceeds SLIP_WINDOW_MAX_S and its length needs only the first
-    # forecast: a month-long run keeps ~170k forecasts, and this runs every 15 s.
+    # forecast: a run keeps ~40k ETA forecasts (a week in full), and this runs every 15 s.
     first = etas.order_by("computed_at").values_list("computed_at", "finish_p50").first()
     recent = list(
         etas.filter(computed_at__gte=now - timedelta(seconds=th.SLIP_WINDOW_MAX_S))
