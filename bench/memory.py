@@ -84,6 +84,7 @@ class Tree(ingest.TreeRss):
 
     def __init__(self, root: int) -> None:
         super().__init__(root)
+        self.peak: int = 0
         self.peak_pss = 0
 
     def pss(self) -> int:
