@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tracker', '0001_initial_data_model'),
+        ('tracker', '0002_run_provenance_and_invitations'),
     ]
 
     operations = [
