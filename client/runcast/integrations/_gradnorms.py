@@ -35,7 +35,11 @@ def _strip_common_prefix(groups: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return groups
     split = [name.split(".") for name in groups]
     common = 0
-    while all(len(p) > common + 1 for p in split) and len({p[common] for p in split}) == 1:
+    # Stop before a bare index would lead a key ("net.0" stays "net.0", not "0").
+    while (
+        all(len(p) > common + 1 and not p[common + 1].isdigit() for p in split)
+        and len({p[common] for p in split}) == 1
+    ):
         common += 1
     if common == 0:
         return groups

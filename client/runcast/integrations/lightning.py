@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import uuid
 from argparse import Namespace
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -70,7 +72,9 @@ class RuncastLogger(Logger):
             raise ValueError(f"grad_norms_every must be a whole number >= 0: {grad_norms_every!r}")
         self._project = project
         self._name = name
-        self._id = id
+        # The id is fixed now: Lightning names the checkpoint folder after `version` at setup,
+        # before the run starts.
+        self._id = id or os.environ.get("RUNCAST_RUN_ID") or uuid.uuid4().hex
         self._total_steps = total_steps
         self._config: dict[str, Any] = dict(config or {})
         self._deadline = deadline
@@ -91,7 +95,7 @@ class RuncastLogger(Logger):
 
     @property
     def version(self) -> str | None:
-        return self._run.id if self._run is not None else self._id
+        return self._id
 
     @property
     def experiment(self) -> Any:
