@@ -414,12 +414,13 @@ def first_moving_layers(
         lookback = th.DIV_LAYER_LOOKBACK_FRACTION * max(onset_step - float(gs[0]), 1.0)
         # Grad norms are logged every few steps: when the loss pages on its first bad point
         # (onset == detection, e.g. a sudden LR jump), a layer shows the move only at its first
-        # sample after the onset and confirms it k - 1 samples later. The window reaches that
-        # first sample, and the data the k samples, but no further: later movers are effects.
+        # sample after the onset and confirms it k - 1 samples later. The window of where a
+        # move may start reaches that first sample; the data reach k - 1 samples beyond it to
+        # confirm a move, and no further (layers moving later are effects, not causes).
         after = int(np.searchsorted(gs, onset_step, side="left"))
         window_end = max(detected_step, float(gs[after])) if after < len(gs) else detected_step
         # Score only the lookback window (at most the tail size) plus one baseline window.
-        hi = max(int(np.searchsorted(gs, detected_step, side="right")), min(len(gs), after + k))
+        hi = min(len(gs), int(np.searchsorted(gs, window_end, side="right")) + k - 1)
         lo = max(int(np.searchsorted(gs, onset_step - lookback)), hi - th.DIV_TAIL_POINTS)
         start = max(0, lo - th.DIV_SPIKE_WINDOW)
         gs, gv = gs[start:hi], gv[start:hi]

@@ -168,7 +168,11 @@ def test_layers_found_when_the_loss_pages_at_once_and_norms_are_sampled() -> Non
     s, v = _healthy(1000)
     v = v.copy()
     v[s > 950] *= 6.0  # the update at step 950 used the new LR: losses from step 951 on
-    moves = {"grad_norm/ln_f": (951, 40.0), "grad_norm/wte": (951, 9.0), "grad_norm/h.1": (951, 6.0)}
+    moves = {
+        "grad_norm/ln_f": (951, 40.0),
+        "grad_norm/wte": (951, 9.0),
+        "grad_norm/h.1": (951, 6.0),
+    }
     norms = _sampled_layer_norms(s, 4, moves)  # samples at 1, 5, ..., 949, 953, 957
     flags = detect_divergence(s, v, checkpoints=[900.0, 940.0, 960.0], grad_norms=norms)
     spike = next(f for f in flags if f.kind == "spike")

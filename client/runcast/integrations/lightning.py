@@ -104,7 +104,9 @@ class RuncastLogger(Logger):
         return _LazyRun(self)
 
     @rank_zero_only
-    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+    def log_hyperparams(
+        self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any
+    ) -> None:
         values = vars(params) if isinstance(params, Namespace) else dict(params or {})
         if self._run is None:
             self._config.update(values)

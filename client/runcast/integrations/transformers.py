@@ -195,8 +195,8 @@ def _training_args(args: Any) -> dict[str, Any]:
         if hasattr(args, method):
             try:
                 return dict(getattr(args, method)())
-            except Exception:  # a custom subclass that cannot be serialised
-                continue
+            except Exception as exc:  # a custom subclass that cannot be serialised
+                logger.info("runcast: TrainingArguments.%s failed: %r", method, exc)
     return {}
 
 
