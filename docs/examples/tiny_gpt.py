@@ -13,7 +13,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 VOCAB = 64
-SEQ_LEN = 32
+SEQ_LEN = 16
 
 
 def tiny_gpt(n_layer: int = 2, n_embd: int = 32, seed: int = 0) -> GPT2LMHeadModel:

@@ -61,12 +61,14 @@ class RuncastLogger(Logger):
         grad_norms_every: int = 0,
         grad_norm_group: Callable[[str], str] | None = None,
         log_checkpoints: bool = True,
+        finish_on_finalize: bool = True,
         **init_kwargs: Any,
     ) -> None:
         """Arguments are those of ``runcast.init`` (``init_kwargs``: ``url``, ``token``,
         ``settings``...). ``total_steps`` overrides what the trainer plans;
         ``grad_norm_group`` maps a parameter name to its layer (default: the module path cut
-        after the first numeric index)."""
+        after the first numeric index). ``finish_on_finalize=False`` keeps the run open after
+        ``fit`` (to ``test()`` or ``fit()`` again into the same run); then call ``finish()``."""
         super().__init__()
         if not isinstance(grad_norms_every, int) or grad_norms_every < 0:
             raise ValueError(f"grad_norms_every must be a whole number >= 0: {grad_norms_every!r}")
@@ -83,6 +85,7 @@ class RuncastLogger(Logger):
         self._grad_norms_every = grad_norms_every
         self._grad_norm_group = grad_norm_group
         self._log_checkpoints = log_checkpoints
+        self._finish_on_finalize = finish_on_finalize
         self._trainer: pl.Trainer | None = None
         self._run: AnyRun | None = None
         self._finished = False
@@ -149,10 +152,17 @@ class RuncastLogger(Logger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         """End of fit: finish the run (``success`` -> finished, ``failed`` -> failed)."""
+        final = _STATUS.get(status, "crashed")
+        if self._finish_on_finalize or final != "finished":
+            self.finish(final)
+
+    @rank_zero_only
+    def finish(self, status: str = "finished") -> None:
+        """Flush and end the run (``finished`` / ``failed`` / ``crashed``). Idempotent."""
         if self._run is None or self._finished:
             return
         self._finished = True
-        self._run.finish(_STATUS.get(status, "crashed"))
+        self._run.finish(status)
 
     # -- internals --------------------------------------------------------------------
 
