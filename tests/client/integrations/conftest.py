@@ -14,6 +14,9 @@ from tracker.services import token_create
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "docs" / "examples"
+# The examples' tiny GPT (docs/examples/tiny_gpt.py) is shared with the in-process tests.
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
 
 
 @pytest.fixture
