@@ -7,9 +7,8 @@ Run: python docs/examples/lightning_example.py
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tiny_gpt import TokenDataset, tiny_gpt
-
 from runcast.integrations.lightning import RuncastLogger
+from tiny_gpt import TokenDataset, tiny_gpt
 
 
 class TinyGPT(pl.LightningModule):

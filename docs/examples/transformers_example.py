@@ -4,10 +4,9 @@ RUNCAST_URL, RUNCAST_TOKEN and RUNCAST_PROJECT come from the environment.
 Run: python docs/examples/transformers_example.py
 """
 
+from runcast.integrations.transformers import RuncastCallback
 from tiny_gpt import TokenDataset, tiny_gpt
 from transformers import Trainer, TrainingArguments
-
-from runcast.integrations.transformers import RuncastCallback
 
 
 def main(output_dir: str = "tiny-gpt-hf") -> None:

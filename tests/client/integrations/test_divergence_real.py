@@ -26,13 +26,13 @@ pl = pytest.importorskip("lightning.pytorch")
 pytest.importorskip("transformers")
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from runcast.integrations.lightning import RuncastLogger  # noqa: E402
 from tiny_gpt import TokenDataset, tiny_gpt  # noqa: E402
 
 from forecasting import selectors as forecast_selectors  # noqa: E402
 from forecasting import services  # noqa: E402
 from forecasting.models import Flag  # noqa: E402
 from forecasting.receivers import _on_ingested  # noqa: E402
-from runcast.integrations.lightning import RuncastLogger  # noqa: E402
 from tracker import selectors  # noqa: E402
 from tracker.models import Event, Run  # noqa: E402
 from tracker.signals import run_ingested  # noqa: E402

@@ -11,10 +11,10 @@ pytest.importorskip("torch")
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")  # the tiny GPT of the examples is built from a GPT2Config
 
-from forecasting.models import Forecast  # noqa: E402
-from tests.client.integrations.conftest import run_example  # noqa: E402
-from tracker import selectors  # noqa: E402
-from tracker.models import Event, Run  # noqa: E402
+from forecasting.models import Forecast
+from tests.client.integrations.conftest import run_example
+from tracker import selectors
+from tracker.models import Event, Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from runcast.integrations._gradnorms import GradNorms, layer_of
 
 torch = pytest.importorskip("torch")
@@ -62,7 +61,6 @@ def test_every_and_bad_values() -> None:
 def test_lightning_logger_on_other_ranks_sends_nothing(server, make_settings, monkeypatch):
     pytest.importorskip("lightning")
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
     from runcast.integrations.lightning import RuncastLogger
 
     monkeypatch.setattr(rank_zero_only, "rank", 1)
@@ -115,9 +113,8 @@ def test_lightning_fit_that_raises_marks_the_run_failed(server, make_settings, t
 
 def test_transformers_callback_on_other_processes_sends_nothing(server, make_settings):
     pytest.importorskip("transformers")
-    from transformers import TrainerControl, TrainerState, TrainingArguments
-
     from runcast.integrations.transformers import RuncastCallback
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
     cb = RuncastCallback(project="p", settings=make_settings(server.url))
     state = TrainerState(max_steps=10, is_world_process_zero=False)
@@ -133,17 +130,16 @@ def test_transformers_callback_on_other_processes_sends_nothing(server, make_set
 def test_report_to_runcast_after_register(monkeypatch) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
+    from runcast.integrations.transformers import RuncastCallback, register
     from transformers import Trainer, TrainingArguments
     from transformers.integrations import integration_utils
-
-    from runcast.integrations.transformers import RuncastCallback, register
 
     args = TrainingArguments(output_dir="unused", report_to="runcast", use_cpu=True)
     with pytest.raises(ValueError, match="runcast is not supported"):
         Trainer(model=torch.nn.Linear(2, 2), args=args)  # transformers alone does not know it
-    monkeypatch.setattr(
-        integration_utils, "INTEGRATION_TO_CALLBACK", dict(integration_utils.INTEGRATION_TO_CALLBACK)
-    )
+    # A copy: register() edits the registry, and other tests must not see "runcast" in it.
+    registry = dict(integration_utils.INTEGRATION_TO_CALLBACK)
+    monkeypatch.setattr(integration_utils, "INTEGRATION_TO_CALLBACK", registry)
     register()
     trainer = Trainer(model=torch.nn.Linear(2, 2), args=args)
     assert any(isinstance(cb, RuncastCallback) for cb in trainer.callback_handler.callbacks)
