@@ -170,11 +170,14 @@ class RuncastLogger(Logger):
         if self._trainer is trainer:
             return
         self._trainer = trainer
+        # A plain list Lightning's callback connector sets on the trainer (not in its stubs);
+        # hooks are looked up in it at each call, so a callback added now runs from now on.
+        callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]
         if self._grad_norms_every and not any(
-            isinstance(cb, _GradNormCallback) and cb.owner is self for cb in trainer.callbacks
+            isinstance(cb, _GradNormCallback) and cb.owner is self for cb in callbacks
         ):
             # The optimizer hooks are callback hooks: the logger brings its own callback.
-            trainer.callbacks.append(_GradNormCallback(self))
+            callbacks.append(_GradNormCallback(self))
 
     def _planned_steps(self) -> int | None:
         if self._total_steps is not None:
@@ -219,7 +222,7 @@ class _LazyRun:
         self._owner = owner
 
     def __getattr__(self, name: str) -> Any:
-        if rank_zero_only.rank != 0:
+        if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning
             return getattr(NoOpRun(), name)
         return getattr(self._owner._ensure_run(), name)
 
