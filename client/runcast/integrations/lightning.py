@@ -209,9 +209,8 @@ class RuncastLogger(Logger):
                 tags=self._tags,
                 **self._init_kwargs,
             )
-        elif self._finished:
-            logger.warning("runcast: logging after the run finished is ignored")
-            return NoOpRun(self._run.id)
+        # After finish() the run itself ignores log() / event() with one warning, and still
+        # answers id / url.
         return self._run
 
 
