@@ -23,6 +23,8 @@ from forecasting.estimators.smoothing import block_median, keep_latest
 # What detect_divergence raises; forecasting.models.Flag.Kind spells the same kinds for storage
 # (tests/forecasting/test_divergence.py holds the two together).
 KINDS = ("nan", "spike", "rise", "oscillation", "regression")
+# Per-layer gradient norm series are logged as grad_norm/<layer> (the client integrations do).
+GRAD_NORM_PREFIX = "grad_norm/"
 
 
 @dataclass
@@ -364,6 +366,9 @@ def _annotate(flag: DivergenceFlag, ctx: _Context) -> None:
         flag.explanation += f" {span(flag.wasted_s)} of training since onset{cost}."
     if flag.rollback_step is not None:
         flag.explanation += f" Last checkpoint before onset: step {flag.rollback_step:,.0f}."
+    if flag.layers_first:
+        layers = ", ".join(name.removeprefix(GRAD_NORM_PREFIX) for name in flag.layers_first)
+        flag.explanation += f" Gradient norms moved first in {layers}."
 
 
 def _time_at(ctx: _Context, step: float) -> float | None:
@@ -396,8 +401,10 @@ def _add_time_ago(flag: DivergenceFlag, ctx: _Context, end_time: float | None) -
 def first_moving_layers(
     grad_norms: dict[str, tuple[np.ndarray, np.ndarray]], onset_step: float, detected_step: float
 ) -> list[str]:
-    """grad_norm/<layer> series that departed from their own baseline first around the onset."""
-    moves: list[tuple[float, str]] = []
+    """grad_norm/<layer> series that departed from their own baseline first around the onset,
+    earliest first and, among layers that moved at the same logged step, largest move first."""
+    k = th.DIV_SPIKE_PERSIST_POINTS
+    moves: list[tuple[float, float, str]] = []
     for name, (g_steps, g_values) in grad_norms.items():
         gs, gv = np.asarray(g_steps, dtype=float), np.asarray(g_values, dtype=float)
         keep = keep_latest(gs)
@@ -405,28 +412,37 @@ def first_moving_layers(
         if len(gs) < th.DIV_MIN_POINTS:
             continue
         lookback = th.DIV_LAYER_LOOKBACK_FRACTION * max(onset_step - float(gs[0]), 1.0)
+        # Grad norms are logged every few steps: when the loss pages on its first bad point
+        # (onset == detection, e.g. a sudden LR jump), a layer shows the move only at its first
+        # sample after the onset and confirms it k - 1 samples later. The window of where a
+        # move may start reaches that first sample; the data reach k - 1 samples beyond it to
+        # confirm a move, and no further (layers moving later are effects, not causes).
+        after = int(np.searchsorted(gs, onset_step, side="left"))
+        window_end = max(detected_step, float(gs[after])) if after < len(gs) else detected_step
         # Score only the lookback window (at most the tail size) plus one baseline window.
-        hi = int(np.searchsorted(gs, detected_step, side="right"))
+        hi = min(len(gs), int(np.searchsorted(gs, window_end, side="right")) + k - 1)
         lo = max(int(np.searchsorted(gs, onset_step - lookback)), hi - th.DIV_TAIL_POINTS)
         start = max(0, lo - th.DIV_SPIKE_WINDOW)
         gs, gv = gs[start:hi], gv[start:hi]
         if len(gs) < th.DIV_MIN_POINTS:
             continue
-        z, _ = spike_scores(to_log(np.abs(gv)))
+        z, excess = spike_scores(to_log(np.abs(gv)))
         z = np.where(np.isfinite(gv), np.nan_to_num(z, nan=0.0), np.inf)
-        window = (gs >= onset_step - lookback) & (gs <= detected_step)
+        window = (gs >= onset_step - lookback) & (gs <= window_end)
         # A move must hold for a few logged points: single noisy readings in a long lookback
         # window would otherwise make random layers look first.
         high = (np.abs(z) >= th.DIV_LAYER_Z).astype(float)
-        k = th.DIV_SPIKE_PERSIST_POINTS
         held = pd.Series(high[::-1]).rolling(k, min_periods=k).sum().to_numpy()[::-1] >= k
         moved = np.flatnonzero(window & held)
         if len(moved):
-            moves.append((float(gs[moved[0]]), name))
+            # Ties broken by the size of the move (its log ratio to the baseline), not its z:
+            # a x40 jump on a noisy layer is the bigger news than x6 on a quiet one.
+            size = abs(float(np.nan_to_num(excess[moved[0]], nan=np.inf)))
+            moves.append((float(gs[moved[0]]), -size, name))
     if not moves:
         return []
     moves.sort()
     first = moves[0][0]
     # Layers that moved before the loss did, or together with the very first one.
-    chosen = [name for step, name in moves if step <= max(onset_step, first)]
+    chosen = [name for step, _, name in moves if step <= max(onset_step, first)]
     return chosen[: th.DIV_LAYERS_MAX]

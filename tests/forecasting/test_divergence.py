@@ -143,6 +143,55 @@ def test_grad_norm_layers_that_moved_first() -> None:
     assert "grad_norm/emb" not in spike.layers_first
 
 
+def _sampled_layer_norms(
+    s: np.ndarray, every: int, moves: dict[str, tuple[int, float]], seed: int = 5
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """grad_norm/<layer> series logged every `every` steps; a layer in `moves` jumps by its
+    factor from its step on."""
+    rng = np.random.default_rng(seed)
+    gs = s[::every]
+    out = {}
+    for name in ("grad_norm/wte", "grad_norm/h.0", "grad_norm/h.1", "grad_norm/ln_f"):
+        g = np.exp(rng.normal(0, 0.05, len(gs)))
+        if name in moves:
+            at, factor = moves[name]
+            g[gs >= at] *= factor
+        out[name] = (gs, g)
+    return out
+
+
+def test_layers_found_when_the_loss_pages_at_once_and_norms_are_sampled() -> None:
+    """A sudden LR jump (what tests/client/integrations drive a real GPT into): the loss pages
+    on its first bad point, so onset == detection, while grad norms logged every few steps
+    show the move only at the next sample and confirm it one sample later. The layers must
+    still be found, biggest movers first, and named in the explanation."""
+    s, v = _healthy(1000)
+    v = v.copy()
+    v[s > 950] *= 6.0  # the update at step 950 used the new LR: losses from step 951 on
+    moves = {
+        "grad_norm/ln_f": (951, 40.0),
+        "grad_norm/wte": (951, 9.0),
+        "grad_norm/h.1": (951, 6.0),
+    }
+    norms = _sampled_layer_norms(s, 4, moves)  # samples at 1, 5, ..., 949, 953, 957
+    flags = detect_divergence(s, v, checkpoints=[900.0, 940.0, 960.0], grad_norms=norms)
+    spike = next(f for f in flags if f.kind == "spike")
+    assert spike.onset_step == spike.detected_step == 951
+    assert spike.rollback_step == 940
+    assert spike.layers_first == ["grad_norm/ln_f", "grad_norm/wte", "grad_norm/h.1"]
+    assert "Gradient norms moved first in ln_f, wte, h.1" in spike.explanation
+
+
+def test_layers_that_moved_after_the_confirmation_window_are_not_first() -> None:
+    s, v = _healthy(1000)
+    v = v.copy()
+    v[s > 950] *= 6.0
+    norms = _sampled_layer_norms(s, 4, {"grad_norm/h.0": (981, 20.0)})
+    spike = next(f for f in detect_divergence(s, v, grad_norms=norms) if f.kind == "spike")
+    assert spike.layers_first == []
+    assert "Gradient norms" not in spike.explanation
+
+
 def test_backward_steps_use_latest_log() -> None:
     s, v = _healthy(1000)
     v = v.copy()

@@ -1,0 +1,52 @@
+"""RuncastLogger: the docs' Lightning example trains a tiny GPT against a live server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")  # the tiny GPT of the examples is built from a GPT2Config
+
+from forecasting.models import Forecast
+from tests.client.integrations.conftest import run_example
+from tracker import selectors
+from tracker.models import Event, Run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+LAYERS = {f"grad_norm/{k}" for k in ("wte", "wpe", "h.0", "h.1", "ln_f")}
+
+
+def test_the_lightning_example_logs_a_forecast_run(example_env, tmp_path: Path) -> None:
+    out = run_example("lightning_example.py", example_env(), tmp_path)
+    run = Run.objects.get(name="tiny-gpt-lightning")
+    assert f"run: {run.public_id} " in out
+    assert run.status == "finished"
+    assert run.total_steps == 40  # 1 epoch x 40 batches, from trainer.estimated_stepping_batches
+    assert run.config["lr"] == 0.003 and run.config["n_layer"] == 2
+    assert run.config["trainer"]["max_epochs"] == 1
+
+    loss = selectors.series_load(run=run, key="loss")
+    assert list(loss.steps) == list(range(40))
+    assert np.all(np.isfinite(loss.values)) and loss.values[-5:].mean() < loss.values[:5].mean()
+    assert len(selectors.series_load(run=run, key="lr")) == 40
+    assert list(selectors.series_load(run=run, key="val_loss").steps) == [19, 39]
+
+    keys = set(selectors.series_keys(run=run))
+    assert {k for k in keys if k.startswith("grad_norm/")} == LAYERS
+    for key in LAYERS:
+        norms = selectors.series_load(run=run, key=key)
+        assert list(norms.steps) == list(range(0, 40, 5))
+        assert np.all(norms.values > 0)
+
+    checkpoints = Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT).order_by("step")
+    assert [c.step for c in checkpoints] == [10, 20, 30, 40]
+    for c in checkpoints:
+        assert Path(c.payload["path"]).is_file()  # the file ModelCheckpoint wrote
+        assert run.public_id in c.payload["path"]  # Lightning's folder is named for the run
+
+    assert Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA).exists()
