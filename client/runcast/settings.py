@@ -43,6 +43,8 @@ class Settings:
     batch_points: int = DEFAULT_BATCH_POINTS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     finish_timeout: float = 30.0
+    # Seconds of step timings each rank collects per request (docs: "Stragglers").
+    timing_interval: float = 20.0
 
     def spool_root(self) -> Path:
         if self.dir is not None:
@@ -66,6 +68,7 @@ _ENV_FIELDS: dict[str, tuple[str, type]] = {
     "RUNCAST_MAX_QUEUE": ("max_queue", int),
     "RUNCAST_BATCH_POINTS": ("batch_points", int),
     "RUNCAST_FINISH_TIMEOUT": ("finish_timeout", float),
+    "RUNCAST_TIMING_INTERVAL": ("timing_interval", float),
 }
 
 
