@@ -239,6 +239,24 @@ DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run 
 DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # (LOSS section: end)
 
+# --- Stragglers (estimator stragglers.py)
+# (STRAGGLER section: begin)
+# A rank's compute is compared with the median rank's at the same step; a row counts only when
+# at least this share of the ranks reported in it (a median of three ranks is not "the job").
+STRAGGLER_MIN_REPORTING = 0.5
+# Steps of a rank's own history that set its normal level (its offset to the median rank):
+# a quarter of the history, within bounds, so a fresh rank gets a level fast and a long run
+# does not spend half its history before it can alarm.
+STRAGGLER_REF_FRACTION = 0.25
+STRAGGLER_REF_MIN = 12
+STRAGGLER_REF_MAX = 200
+# A rank persistently this much slower than the median rank is a straggler whatever its own
+# history says (the labelled "persistent offset" of the rank trace): 15%.
+STRAGGLER_LEVEL_RATIO = 1.15
+# ... persistently = over the median of this many recent steps.
+STRAGGLER_LEVEL_STEPS = 10
+# (STRAGGLER section: end)
+
 # --- When the forecasting service raises and updates flags (forecasting/services.py)
 # A deadline flag opens below 90% odds: the deadline-risk estimator reports the speed-up needed
 # to get back to 90%, so anything under it is actionable. Alert rules pick their own cut-off
