@@ -376,9 +376,7 @@ class RankTimingChunk(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(
-                fields=["run", "session", "seq"], name="rank_timing_unique_seq"
-            )
+            models.UniqueConstraint(fields=["run", "session", "seq"], name="rank_timing_unique_seq")
         ]
         indexes = [
             # "All ranks over a step range" (the detector's recent window, the heat map).

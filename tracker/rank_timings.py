@@ -1,4 +1,4 @@
-"""Reads of per-rank step timings (RankTimingChunk): the ranks × steps matrix of a step range,
+"""Reads of per-rank step timings (RankTimingChunk): the ranks x steps matrix of a step range,
 one rank's history, and the heat map of compute time relative to the median rank.
 
 Storage is one row per rank per batch (see docs/architecture.md, "Per-rank timings"). The two
@@ -27,7 +27,7 @@ MAX_WINDOW_ROWS = 60_000
 
 @dataclass(frozen=True)
 class RankTimings:
-    """Steps × ranks matrices of seconds (NaN: not reported) and each rank's host."""
+    """Steps x ranks matrices of seconds (NaN: not reported) and each rank's host."""
 
     steps: np.ndarray  # int64, ascending
     ranks: np.ndarray  # int64, ascending
@@ -62,7 +62,7 @@ def world_of(*, run: Run) -> int:
     seen = (
         RankTimingChunk.objects.filter(run=run)
         .order_by("-max_step")
-        .values_list("rank", flat=True)[:MAX_WINDOW_ROWS // 10]
+        .values_list("rank", flat=True)[: MAX_WINDOW_ROWS // 10]
     )
     return max(len(set(seen)), run.world_size or 0)
 
@@ -100,7 +100,9 @@ def _matrix(rows: list[tuple], *, x0: float | None, x1: float | None) -> RankTim
     if not rows:
         return RankTimings.nothing()
     steps = [unpack_steps(bytes(r[2])) for r in rows]
-    rank_col = np.concatenate([np.full(s.size, r[0], np.int64) for r, s in zip(rows, steps)])
+    rank_col = np.concatenate(
+        [np.full(s.size, r[0], np.int64) for r, s in zip(rows, steps, strict=True)]
+    )
     step_col = np.concatenate(steps)
     parts = [
         np.concatenate([unpack_timings(bytes(r[i])) for r in rows]).astype(np.float64)

@@ -321,7 +321,9 @@ class RankTimingsIn:
     total: np.ndarray
 
 
-def rank_timings_ingest(*, run: Run, session: str, seq: int, timings: RankTimingsIn) -> IngestResult:
+def rank_timings_ingest(
+    *, run: Run, session: str, seq: int, timings: RankTimingsIn
+) -> IngestResult:
     """Store one rank's batch of timings exactly once (a retried (session, seq) is a no-op).
 
     It neither opens an attempt nor moves the run's progress or heartbeat: ranks other than 0
