@@ -101,7 +101,8 @@ def test_it_refuses_too_many_steps_naming_the_limit(api, write_token):
 
 def test_it_refuses_metrics_from_a_rank_other_than_0(api, write_token):
     create(api, write_token)
-    body = {"session": "r3", "seq": 1, "rank": 3, "metrics": {"loss": {"steps": [1], "values": [1]}}}
+    loss = {"steps": [1], "values": [1.0]}
+    body = {"session": "r3", "seq": 1, "rank": 3, "metrics": {"loss": loss}}
     res = api("POST", "/runs/run-1/batches", write_token, body)
     assert res.status_code == 400
     assert res.json()["field"] == "rank"
