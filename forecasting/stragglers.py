@@ -83,6 +83,14 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
         wait_s=timings.wait if _any_finite(timings.wait) else None,
         total_s=timings.total if _any_finite(timings.total) else None,
     )
+    # The detector names matrix columns; a column is the n-th rank that reported.
+    report = dataclasses.replace(
+        report,
+        stragglers=[
+            dataclasses.replace(s, ranks=tuple(int(timings.ranks[i]) for i in s.ranks))
+            for s in report.stragglers
+        ],
+    )
     eta = eta_from(selectors.forecast_latest(run=run, kind=Forecast.Kind.ETA))
     last_step = int(timings.steps[-1])
     top = max(report.stragglers, key=lambda s: s.cost_s, default=None)
