@@ -162,9 +162,12 @@ class Heatmap:
     slowest: list[tuple[int, str, float]]  # (rank, host, ratio over the range), slowest first
 
 
-def heatmap(timings: RankTimings, *, buckets: int = 120, host: str | None = None) -> Heatmap:
+def heatmap(
+    timings: RankTimings, *, buckets: int = 120, host: str | None = None, by_host: bool = True
+) -> Heatmap:
     """Aggregate a window for the run page: time into `buckets`, ranks into hosts (or, with
-    `host`, that host's ranks). Thousands of ranks stay readable as tens of hosts."""
+    `host`, that host's ranks; with `by_host=False`, every rank). Thousands of ranks stay
+    readable as tens of hosts."""
     if timings.empty:
         return Heatmap(np.empty(0), [], np.empty((0, 0)), [])
     signal = timings.signal()
@@ -192,6 +195,9 @@ def heatmap(timings: RankTimings, *, buckets: int = 120, host: str | None = None
         if np.isfinite(overall[i])
     ]
     hosts = [h or "(no host)" for h in timings.hosts]
+    if not by_host:
+        labels = [f"rank {int(r)}" for r in timings.ranks]
+        return Heatmap(mids, labels, cells, slowest)
     if host is not None:
         picked = [i for i, h in enumerate(hosts) if h == host]
         labels = [f"rank {int(timings.ranks[i])}" for i in picked]
