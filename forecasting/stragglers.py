@@ -226,9 +226,13 @@ def _explanation(
     if isinstance(whatif, float):
         text += f"; without it: finish {fmt.when(whatif, tz)}"
         p, p_whatif = data.get("p_on_time"), data.get("whatif_p_on_time")
-        if isinstance(p, float) and isinstance(p_whatif, float):
-            text += f" (P on time {p_whatif:.0%} instead of {p:.0%})"
+        odds = (
+            isinstance(p, float) and isinstance(p_whatif, float) and f"{p:.0%}" != f"{p_whatif:.0%}"
+        )
         real = data.get("finish_p50")
-        if isinstance(real, float) and not (isinstance(p, float) and isinstance(p_whatif, float)):
+        if odds:
+            # Only when the straggler changes the odds: "100% instead of 100%" says nothing.
+            text += f" (P on time {p_whatif:.0%} instead of {p:.0%})"
+        elif isinstance(real, float):
             text += f" instead of {fmt.when(real, tz)}"
     return text
