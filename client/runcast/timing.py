@@ -81,7 +81,9 @@ class TimingBatcher:
         except Exception:
             self._skip(f"value:{name}", f"timing: {name}={value!r} is not a number; left out")
             return None
-        if not 0.0 <= seconds <= MAX_STEP_SECONDS:  # NaN fails too
+        if seconds != seconds:
+            return None  # NaN: not measured, as the server reads it
+        if not 0.0 <= seconds <= MAX_STEP_SECONDS:
             self._skip(
                 f"range:{name}", f"timing: {name}={seconds!r} is not 0..86400 seconds; left out"
             )

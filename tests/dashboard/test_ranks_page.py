@@ -95,3 +95,9 @@ def test_a_run_without_rank_timings_has_no_ranks_panel(client, member, project):
     client.force_login(member)
     html = client.get("/runs/llm/plain/").content.decode()
     assert 'id="ranks-panel"' not in html and 'id="straggler-card"' not in html
+
+
+def test_ranks_json_queries_are_bounded(client, member, straggling, django_assert_max_num_queries):
+    client.force_login(member)
+    with django_assert_max_num_queries(7):
+        assert client.get(URL + "ranks.json").status_code == 200
