@@ -76,9 +76,17 @@ class _Timings:
         if not channel.explicit:
             channel.tick(step if step.__class__ is int else int(step))
 
-    def close(self, budget: float) -> None:
+    def request_close(self, budget: float) -> None:
         if self.channel is not None:
-            self.channel.close(budget, budget + self.settings.timeout + _JOIN_SLACK_S)
+            self.channel.request_close(budget)
+
+    def join(self, budget: float) -> None:
+        if self.channel is not None:
+            self.channel.join(budget + self.settings.timeout + _JOIN_SLACK_S)
+
+    def close(self, budget: float) -> None:
+        self.request_close(budget)
+        self.join(budget)
 
     def stats(self) -> dict[str, Any]:
         return self.channel.stats() if self.channel is not None else {}
@@ -205,10 +213,12 @@ class Run:
             first = not self._closed
             self._closed = True
         if first:
-            self._timings.close(budget)
+            # Both senders flush at once, inside the one budget.
+            self._timings.request_close(budget)
             self._sender.request_close(status, budget)
         # Later callers (atexit after finish(), SIGTERM during finish()) also just wait.
         self._sender.join(budget + self.settings.timeout + _JOIN_SLACK_S)
+        self._timings.join(budget)
         if self._sender.is_alive():
             logger.warning("runcast: run %s did not flush within %.0fs", self.id, budget)
         lifecycle.unregister(self)

@@ -175,9 +175,11 @@ class TimingChannel:
         elif step < last:
             self._last_step, self._last_t = step, now  # a resume went back: start over
 
-    def close(self, timeout: float, join_timeout: float) -> None:
+    def request_close(self, timeout: float) -> None:
         self._sender.request_close("finished", timeout)
-        self._sender.join(join_timeout)
+
+    def join(self, timeout: float) -> None:
+        self._sender.join(timeout)
 
     def stats(self) -> dict[str, Any]:
         return self._sender.stats()
