@@ -73,7 +73,7 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
 
     Runs whose ranks send no timings cost one indexed query.
     """
-    timings = rank_timings.rank_timings_window(run=run, last_steps=WINDOW_STEPS)
+    timings = rank_timings.rank_timings_window(run=run, last_steps=WINDOW_STEPS).complete()
     if timings.empty:
         return None
     report = detect_stragglers(

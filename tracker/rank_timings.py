@@ -47,6 +47,26 @@ class RankTimings:
             return self.compute
         return self.total
 
+    def complete(self, share: float = 0.9) -> RankTimings:
+        """Cut the newest steps that too few ranks have reported yet: each rank sends its
+        batch on its own clock, so the last ~20 s of a window are always partly empty, and a
+        rank that has not sent its newest steps yet would look like it has no recent pace."""
+        if self.empty:
+            return self
+        reported = np.isfinite(self.signal()).sum(axis=1)
+        full = np.flatnonzero(reported >= max(1.0, share * self.ranks.size))
+        if full.size == 0 or full[-1] == self.steps.size - 1:
+            return self
+        end = int(full[-1]) + 1
+        return RankTimings(
+            self.steps[:end],
+            self.ranks,
+            self.hosts,
+            self.compute[:end],
+            self.wait[:end],
+            self.total[:end],
+        )
+
     @classmethod
     def nothing(cls) -> RankTimings:
         none = np.empty((0, 0))
@@ -88,10 +108,13 @@ def rank_timings_window(
         qs = qs.filter(max_step__gte=x0)
     if x1 is not None:
         qs = qs.filter(min_step__lte=x1)
+    # Ordered by the indexed column alone: the (run, max_step) index returns the rows in this
+    # order, where a tiebreaker would make PostgreSQL sort every row of the range (blobs and all)
+    # before the LIMIT.
     rows = list(
-        qs.order_by("-max_step", "-id").values_list(
-            "rank", "host", "steps", "compute", "wait", "total"
-        )[:MAX_WINDOW_ROWS]
+        qs.order_by("-max_step").values_list("rank", "host", "steps", "compute", "wait", "total")[
+            :MAX_WINDOW_ROWS
+        ]
     )
     return _matrix(rows[::-1], x0=x0, x1=x1)
 
@@ -138,7 +161,7 @@ def rank_history(
     """One rank over the run: (steps, compute_s, total_s), served by (run, rank, min_step)."""
     rows = list(
         RankTimingChunk.objects.filter(run=run, rank=rank)
-        .order_by("-min_step", "-id")
+        .order_by("-min_step")
         .values_list("steps", "compute", "total")[:limit_rows]
     )[::-1]
     if not rows:

@@ -118,3 +118,18 @@ def test_it_answers_404_before_rank_0_created_the_run_and_hides_other_projects(
     assert timings(api, read_token).status_code == 403
     assert timings(api, None).status_code == 401
     assert RankTimingChunk.objects.count() == 0
+
+
+def test_the_window_drops_the_newest_steps_too_few_ranks_have_sent(api, write_token):
+    """Each rank posts on its own clock: the newest steps are always partly reported."""
+    create(api, write_token)
+    for rank in range(4):
+        n = 6 if rank == 3 else 10
+        res = timings(
+            api, write_token, rank=rank, steps=list(range(n)), compute_s=[0.5] * n, wait_s=None
+        )
+        assert res.status_code == 200, res.content
+    window = rank_timings.rank_timings_window(run=Run.objects.get(), last_steps=100)
+    assert window.steps.tolist() == list(range(10))
+    assert window.complete().steps.tolist() == list(range(6))
+    assert window.complete().compute.shape == (6, 4)
