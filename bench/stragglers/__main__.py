@@ -247,7 +247,7 @@ def synthetic(
     per_day = 86400.0 / 10.0  # one sample per 10 s, as in the trace
     for size in sizes:
         # Worlds are bounded by cells (ranks x rows) so the bench runs in minutes: 64 ranks get
-        # 2,000 rows (5.5 h at 10 s a row), 1,024 ranks 400 rows (67 min).
+        # 2,000 rows (5.5 h at 10 s a row), 1,024 ranks 390 rows (65 min).
         rows = int(np.clip(cells // size, 300, 2000))
         days = rows / per_day
         steps = np.arange(rows, dtype=float) * 10.0

@@ -215,6 +215,38 @@ def _page(
     return s, start
 
 
+def _deviations(
+    x: np.ndarray,
+    a: int,
+    e: int,
+    level: np.ndarray,
+    sigma: np.ndarray,
+    point: np.ndarray,
+    spread: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows a..e of x as CUSUM input: (slack on k, clip, clipped deviation from the level, burst
+    factor per row, which cells count)."""
+    m = x.shape[1]
+    # The level is itself estimated from `a` rows: its error would read as a shift, so the
+    # slack k grows by two of its standard errors.
+    slack = 2.0 * sigma.max(axis=0) / np.sqrt(max(a, 1))
+    clip = th.STRAGGLER_CLIP_SIGMAS * point
+    rel = x[a:e]
+    ok = np.isfinite(rel) & np.isfinite(level)
+    # A rank faster than the median rank is measured from the median rank: it must become
+    # slower than the median (as the trace labels require) before the job waits for it.
+    base = np.fmax(np.nan_to_num(level), 0.0)
+    dev = np.clip(np.where(ok, rel - base, 0.0), -clip, clip)
+    # Rows where every rank is unusually spread (a burst of contention) weigh less: their
+    # deviations are shrunk by how much wider than usual the ranks' spread is. The allowance is
+    # the sampling error of a spread over m series (over ten ranks it wobbles by half; over a
+    # thousand, by a few percent).
+    usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
+    burst = np.fmax(spread[a:e] / usual, 1.0)
+    burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
+    return slack, clip, dev / burst, burst, ok
+
+
 def scan(
     x: np.ndarray,
     *,
@@ -265,25 +297,7 @@ def scan(
         else:
             new_level = _level(x[:a])
         level = np.where(keep_old, level, new_level)
-        widest = sigma.max(axis=0)
-        # The level is itself estimated from `a` rows: its error would read as a shift, so the
-        # slack k grows by two of its standard errors.
-        slack = 2.0 * widest / np.sqrt(max(a, 1))
-        clip = th.STRAGGLER_CLIP_SIGMAS * point
-        rel = x[a:e]
-        ok = np.isfinite(rel) & np.isfinite(level)
-        # A rank faster than the median rank is measured from the median rank: it must become
-        # slower than the median (as the trace labels require) before the job waits for it.
-        base = np.fmax(np.nan_to_num(level), 0.0)
-        dev = np.clip(np.where(ok, rel - base, 0.0), -clip, clip)
-        # Rows where every rank is unusually spread (a burst of contention) weigh less: their
-        # deviations are shrunk by how much wider than usual the ranks' spread is.
-        # The allowance is the sampling error of a spread over m series (a spread over ten
-        # ranks wobbles by half; over a thousand, by a few percent).
-        usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
-        burst = np.fmax(spread[a:e] / usual, 1.0)
-        burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
-        dev = dev / burst
+        slack, clip, dev, burst, ok = _deviations(x, a, e, level, sigma, point, spread)
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
@@ -293,6 +307,7 @@ def scan(
                 inc = np.where(ok, dev - k, 0.0)
             else:
                 k = np.full(m, th.STRAGGLER_LEVEL_K)
+                rel = x[a:e]
                 gap = np.where(np.isfinite(rel), rel, 0.0) - np.log(level_ratio or 1.0)
                 inc = np.where(np.isfinite(rel), np.clip(gap, -clip, clip) / burst, 0.0)
             h = sigma[block_of[j]] ** 2 * log_a / (2.0 * k)
