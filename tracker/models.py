@@ -170,6 +170,11 @@ class Run(models.Model):
     deadline = models.ForeignKey(
         Deadline, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
+    # The token that created the run: provenance for operators, and how the demo tells the runs
+    # its replay made (and may reset) from runs a person logged into the demo project.
+    created_by_token = models.ForeignKey(
+        "ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs_created"
+    )
     # Summary fields kept up to date on every write so list pages never scan points.
     last_step = models.BigIntegerField(null=True, blank=True)
     current_segment = models.PositiveIntegerField(default=0)
@@ -244,6 +249,9 @@ class RunSegment(models.Model):
     # First progress step logged in this segment and the furthest step of the one before.
     first_step = models.BigIntegerField(null=True, blank=True)
     previous_last_step = models.BigIntegerField(null=True, blank=True)
+    # Retention deletes old batch rows (tracker.retention): the highest seq of this session it
+    # deleted. A batch at or below it was stored already, so dedupe outlives the rows.
+    seq_floor = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -263,7 +271,11 @@ class RunSegment(models.Model):
 
 
 class IngestBatch(models.Model):
-    """One accepted batch. Its (run, session, seq) key makes a retried batch change nothing."""
+    """One accepted batch. Its (run, session, seq) key makes a retried batch change nothing.
+
+    Rows older than RUNCAST_BATCH_KEEP_DAYS are deleted by retention; their session's
+    `RunSegment.seq_floor` keeps answering replays of them as duplicates.
+    """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
     session = models.CharField(max_length=64)
@@ -292,7 +304,10 @@ class MetricChunk(models.Model):
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
-    batch = models.ForeignKey(IngestBatch, on_delete=models.CASCADE, related_name="chunks")
+    # Null once retention has deleted the batch row (tracker.retention): the points stay.
+    batch = models.ForeignKey(
+        IngestBatch, null=True, blank=True, on_delete=models.SET_NULL, related_name="chunks"
+    )
     key = models.CharField(max_length=200)
     segment = models.PositiveIntegerField()
     n = models.PositiveIntegerField()
@@ -332,7 +347,7 @@ class Event(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     batch = models.ForeignKey(
-        IngestBatch, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        IngestBatch, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
     kind = models.CharField(max_length=32, choices=Kind.choices)
     step = models.BigIntegerField(null=True, blank=True)
@@ -346,6 +361,40 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at step {self.step}"
+
+
+class Invitation(models.Model):
+    """An emailed, one-time invitation to join a project with a role.
+
+    Only a SHA-256 of the link's token is stored (like ApiToken): a database read does not yield
+    working links. It is spent once (accepted_at), expires, and can be revoked.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(
+        max_length=16, choices=Membership.Role.choices, default=Membership.Role.MEMBER
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.project} ({self.role})"
+
+    def is_pending(self, at: datetime) -> bool:
+        return self.accepted_at is None and self.revoked_at is None and at < self.expires_at
 
 
 class RankTimingChunk(models.Model):

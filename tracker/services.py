@@ -148,8 +148,12 @@ def run_start(
     started_at: datetime,
     fields: dict[str, Any],
     deadline_slug: str | None = None,
+    created_by_token: ApiToken | None = None,
 ) -> RunStart:
-    """Create a run, or resume it as a new segment. Idempotent on (run id, session)."""
+    """Create a run, or resume it as a new segment. Idempotent on (run id, session).
+
+    `created_by_token` is recorded only when the run is created: a resume keeps the provenance.
+    """
     deadline = None
     if deadline_slug:
         deadline = Deadline.objects.filter(project=project, slug=deadline_slug).first()
@@ -158,7 +162,12 @@ def run_start(
     run, created = Run.objects.select_for_update().get_or_create(
         project=project,
         public_id=public_id,
-        defaults={**fields, "deadline": deadline, "started_at": started_at},
+        defaults={
+            **fields,
+            "deadline": deadline,
+            "started_at": started_at,
+            "created_by_token": created_by_token,
+        },
     )
     existing = run.segments.filter(session=session).first()
     if existing is not None:
@@ -226,15 +235,24 @@ def batch_ingest(
                 run=run, session=session, seq=seq, points=points, heartbeat_at=heartbeat
             )
             segment = _segment_for_session(run=run, session=session)
+            if segment.seq_floor is not None and seq <= segment.seq_floor:
+                # Stored long ago; retention has deleted its row (tracker.retention).
+                raise _AlreadyStored
             _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
             _events_store(run=run, batch=batch, segment=segment.number, events=events)
             _run_touch(run=run, segment=segment, series=series, points=points)
             transaction.on_commit(lambda: _notify(run_ingested, run.pk))
+    except _AlreadyStored:
+        return IngestResult(accepted=0, duplicate=True)
     except IntegrityError:
         if IngestBatch.objects.filter(run=run, session=session, seq=seq).exists():
             return IngestResult(accepted=0, duplicate=True)
         raise
     return IngestResult(accepted=points, duplicate=False)
+
+
+class _AlreadyStored(Exception):
+    """Rolls back a batch whose key lies under its session's retention floor."""
 
 
 def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[SeriesIn]) -> None:

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tracker', '0001_initial_data_model'),
+        ('tracker', '0003_batch_retention_seq_floor'),
     ]
 
     operations = [
