@@ -44,6 +44,14 @@ def _stalled_passes(severity: float | None, data: dict, threshold: float) -> boo
     return silent_s is None or float(silent_s) >= threshold * 60.0
 
 
+def _straggler_passes(severity: float | None, data: dict, threshold: float) -> bool:
+    # The finish the straggler costs: the real P50 against the what-if P50.
+    real, whatif = data.get("finish_p50"), data.get("whatif_finish_p50")
+    if not isinstance(real, int | float) or not isinstance(whatif, int | float):
+        return True  # no ETA to price it by: the flag itself is the news
+    return float(real) - float(whatif) >= threshold * 3600.0
+
+
 RULE_KINDS: tuple[RuleKind, ...] = (
     RuleKind("nan", "Loss became NaN/Inf", (K.NAN,), "critical"),
     RuleKind("spike", "Loss spike", (K.SPIKE,), "warning"),
@@ -79,6 +87,15 @@ RULE_KINDS: tuple[RuleKind, ...] = (
         0.5,
         "alert when the chance of finishing by cutoff minus buffer is below this (0 to 1)",
         _deadline_passes,
+    ),
+    RuleKind(
+        "straggler",
+        "Straggler rank or host",
+        (K.STRAGGLER,),
+        "warning",
+        0.0,
+        "hours the finish would gain without the straggler (0: as soon as one is flagged)",
+        _straggler_passes,
     ),
     RuleKind("finished", "Run finished", ("finished",), "info"),
     RuleKind("failed", "Run failed or crashed", ("failed",), "critical"),

@@ -130,6 +130,28 @@ def _stalled_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+    ranks = [int(r) for r in data.get("ranks") or [] if isinstance(r, int)]
+    host = data.get("host") if isinstance(data.get("host"), str) else None
+    tz = ZoneInfo(run.deadline.timezone) if run.deadline is not None else run.project.tzinfo
+    slowdown, cost = _num(data, "slowdown"), _num(data, "cost_s")
+    real, whatif = _num(data, "finish_p50"), _num(data, "whatif_finish_p50")
+    p, p_whatif = _num(data, "p_on_time"), _num(data, "whatif_p_on_time")
+    return {
+        "ranks": ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else ""),
+        "rank_word": "rank" if len(ranks) == 1 else "ranks",
+        "host": host,
+        "whole_host": data.get("kind") == "host",
+        "slowdown": f"{100 * slowdown:.0f}%" if slowdown is not None else None,
+        "onset": fmt.steps(onset) if (onset := _num(data, "onset_step")) is not None else None,
+        "cost": fmt.span(cost) if cost is not None else None,
+        "finish": fmt.when(real, tz) if real is not None else None,
+        "whatif_finish": fmt.when(whatif, tz) if whatif is not None else None,
+        "p_pct": f"{100 * p:.0f}%" if p is not None else None,
+        "whatif_p_pct": f"{100 * p_whatif:.0f}%" if p_whatif is not None else None,
+    }
+
+
 def _end_context(run: Run) -> dict[str, Any]:
     duration = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
     return {
@@ -168,6 +190,8 @@ def context_for(
         ctx["d"] = _slip_context(run, data)
     elif kind == "stalled":
         ctx["d"] = _stalled_context(run, data)
+    elif kind == "straggler":
+        ctx["d"] = _straggler_context(run, data)
     elif kind in ("finished", "failed"):
         ctx["d"] = _end_context(run)
     else:

@@ -49,6 +49,31 @@ def measure(settings: Settings, calls: int) -> tuple[list[float], dict]:
     return [c / 1000 for c in costs], run.stats()
 
 
+def measure_timing(settings: Settings, calls: int) -> dict[str, tuple[float, float]]:
+    """The per-rank step timing calls: timing(), step_timer() and log() in automatic mode."""
+    timer = time.perf_counter_ns
+    out = {}
+    run = runcast.init(name="bench", settings=settings, world_size=2, timings=True)
+    # log_auto first: the first explicit timing() turns the automatic mode off in a process.
+    for name in ("log_auto", "timing", "step_timer"):
+        costs = [0] * calls
+        for i in range(calls):
+            step = i + calls * len(out)
+            started = timer()
+            if name == "timing":
+                run.timing(step, compute_s=0.81, wait_s=0.02)
+            elif name == "step_timer":
+                with run.step_timer(step) as t:
+                    t.wait()
+            else:
+                run.log({"loss": 0.5, "lr": 3e-4}, step=step)
+            costs[i] = timer() - started
+        us = [c / 1000 for c in costs]
+        out[name] = (statistics.median(us), p99(us))
+    run.finish(timeout=60)
+    return out
+
+
 def timer_overhead_us(samples: int = 100_000) -> float:
     timer = time.perf_counter_ns
     costs = []
@@ -80,10 +105,16 @@ def main() -> None:
                 f"{name:12s} median {results[name][0]:.3f} us  p99 {results[name][1]:.3f} us  "
                 f"max {max(costs):.1f} us  logged {stats['logged']} dropped {stats['dropped']}"
             )
+        # log() in automatic mode records one timing per step.
+        timing = measure_timing(Settings(mode="offline", dir=Path(spool)), args.calls // 4)
+        for name, (median, high) in timing.items():
+            print(f"{name:12s} median {median:.3f} us  p99 {high:.3f} us  (offline)")
     print(f"timer_overhead_us {timer_overhead_us():.3f}")
     summary = {
         "log_call_us_median": round(max(m for m, _ in results.values()), 3),
         "log_call_us_p99": round(max(p for _, p in results.values()), 3),
+        "timing_call_us_median": round(timing["timing"][0], 3),
+        "step_timer_us_median": round(timing["step_timer"][0], 3),
     }
     print(json.dumps(summary))
 

@@ -24,6 +24,7 @@ from forecasting.selectors import (
     outlooks_for,
     with_latest_forecasts,
 )
+from tracker import rank_timings
 from tracker.models import Deadline, Membership, Run
 from tracker.selectors import Marker, loss_key_for, run_markers, series_keys
 
@@ -227,6 +228,8 @@ class RunPage:
     flag_history: list[Flag]
     loss_key: str | None
     keys: list[str]
+    # Whether any rank sent step timings: the ranks panel (heat map, slowest ranks) shows then.
+    has_ranks: bool = False
 
     @property
     def other_key(self) -> str | None:
@@ -242,7 +245,13 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     outlook = RunView.of(outlooks_for([annotated])[0], now=now)
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
-    return RunPage(outlook=outlook, flag_history=history, loss_key=loss_key_for(keys), keys=keys)
+    return RunPage(
+        outlook=outlook,
+        flag_history=history,
+        loss_key=loss_key_for(keys),
+        keys=keys,
+        has_ranks=rank_timings.has_rank_timings(run=run),
+    )
 
 
 def chart_markers(*, run: Run) -> list[Marker]:
@@ -254,7 +263,48 @@ def chart_markers(*, run: Run) -> list[Marker]:
             rollback = flag.data.get("rollback_step")
             if rollback is not None:
                 out.append(Marker("rollback", float(rollback), "suggested rollback"))
+        if flag.kind == Flag.Kind.STRAGGLER and flag.onset_step is not None:
+            who = _straggler_who(flag.data)
+            out.append(Marker("straggler", float(flag.onset_step), f"straggler onset: {who}"))
     return sorted(out, key=lambda m: m.step)
+
+
+def _straggler_who(data: dict[str, Any]) -> str:
+    ranks = [r for r in data.get("ranks") or [] if isinstance(r, int)]
+    host = data.get("host") if isinstance(data.get("host"), str) else None
+    if data.get("kind") == "host" and host:
+        return host
+    named = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks"
+    return f"{named} on {host}" if host else named
+
+
+@dataclass
+class RanksView:
+    """The ranks panel's data: the heat map (per host, or one host's ranks) and the slowest."""
+
+    heatmap: rank_timings.Heatmap
+    mode: str  # "hosts" or "ranks"
+    hosts: list[str]
+    ranks: int
+    window: tuple[int, int] | None
+
+
+# The heat map aggregates per host once a job has more ranks than this (thousands of rows
+# would be one pixel each); below it every rank is a row.
+RANK_ROWS_MAX = 64
+
+
+def ranks_view(*, run: Run, host: str | None, buckets: int, last_steps: int) -> RanksView:
+    timings = rank_timings.rank_timings_window(run=run, last_steps=last_steps)
+    hosts = sorted({h or "(no host)" for h in timings.hosts})
+    if host is None and timings.ranks.size <= RANK_ROWS_MAX:
+        heat = rank_timings.heatmap(timings, buckets=buckets, by_host=False)
+        mode = "ranks"
+    else:
+        heat = rank_timings.heatmap(timings, buckets=buckets, host=host)
+        mode = "ranks" if host is not None else "hosts"
+    window = (int(timings.steps[0]), int(timings.steps[-1])) if timings.steps.size else None
+    return RanksView(heat, mode, hosts, int(timings.ranks.size), window)
 
 
 def loss_forecast_path(

@@ -15,6 +15,7 @@ urlpatterns = [
     path(f"{run}series.json", views.run_series, name="run-series"),
     path(f"{run}throughput.json", views.run_throughput, name="run-throughput"),
     path(f"{run}overview.json", views.run_overview, name="run-overview"),
+    path(f"{run}ranks.json", views.run_ranks, name="run-ranks"),
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
     path(settings, settings_views.settings_page, name="settings"),
     path(f"{settings}project/", settings_views.settings_project, name="settings-project"),

@@ -184,6 +184,41 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     )
 
 
+# The heat map's window: the detector's (forecasting.stragglers.WINDOW_STEPS) and a little more.
+RANKS_WINDOW_STEPS = 5_000
+
+
+@login_required
+@require_GET
+def run_ranks(request: HttpRequest, project: str, run_id: str) -> JsonResponse:
+    """The ranks heat map (compute time relative to the median rank) and the slowest ranks,
+    per host by default (`?host=` drills down to one host's ranks)."""
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
+    host = request.GET.get("host") or None
+    view = pages.ranks_view(
+        run=run,
+        host=host,
+        buckets=max(10, min(400, _buckets(request))),
+        last_steps=RANKS_WINDOW_STEPS,
+    )
+    heat = view.heatmap
+    return JsonResponse(
+        {
+            "mode": view.mode,
+            "host": host,
+            "hosts": view.hosts,
+            "ranks": view.ranks,
+            "window": view.window,
+            "x": _floats(heat.x),
+            "rows": heat.rows,
+            "values": [_floats(row) for row in heat.values],
+            "slowest": [
+                {"rank": rank, "host": h, "ratio": ratio} for rank, h, ratio in heat.slowest
+            ],
+        }
+    )
+
+
 # --- compare ---------------------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ class Forecast(models.Model):
         LOSS = "loss"
         DEADLINE = "deadline"
         SLIP = "slip"
+        # The straggler detector's report and the what-if finish without the straggler.
+        STRAGGLER = "straggler"
         # What one computation found, before hysteresis: flags raise on a sustained finding.
         CONDITIONS = "conditions"
 
@@ -61,6 +63,8 @@ class Flag(models.Model):
         DEADLINE = "deadline", "deadline at risk"
         # Found by the liveness sweep.
         STALLED = "stalled", "stalled or crashed"
+        # Found on the per-rank step timings: the rank (or host) the whole job waits for.
+        STRAGGLER = "straggler", "straggler rank"
 
     class State(models.TextChoices):
         RAISED = "raised"

@@ -101,6 +101,9 @@ class RunOutlook:
     rate_change: float | None = None  # relative change over the same window (-0.1 = 10% slower)
     loss: dict[str, Any] | None = None
     flags: list[Flag] = field(default_factory=list)
+    # The latest straggler forecast while a straggler flag is open: who, what it costs, and the
+    # what-if finish (`whatif_finish_p50`, `whatif_p_on_time`) beside the real forecast.
+    straggler: dict[str, Any] | None = None
 
     @property
     def half_spread_s(self) -> float | None:
@@ -111,7 +114,7 @@ class RunOutlook:
         return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
 
 
-OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id")
+OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id", "straggler_fc_id")
 
 
 def _latest_id(kind: str) -> Subquery:
@@ -129,6 +132,7 @@ def with_latest_forecasts(runs: QuerySet[Run], *, now: datetime) -> QuerySet[Run
         eta_start_id=Subquery(window_start.values("id")[:1]),
         deadline_fc_id=_latest_id(Forecast.Kind.DEADLINE),
         loss_id=_latest_id(Forecast.Kind.LOSS),
+        straggler_fc_id=_latest_id(Forecast.Kind.STRAGGLER),
     )
 
 
@@ -165,4 +169,11 @@ def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> 
     loss = forecasts.get(getattr(run, "loss_id", None) or -1)
     if loss is not None and run.is_active:  # an ended run's loss is what it logged, not a forecast
         out.loss = loss.data
+    straggler = forecasts.get(getattr(run, "straggler_fc_id", None) or -1)
+    flag = next((f for f in flags if f.kind == Flag.Kind.STRAGGLER), None)
+    if flag is not None and run.is_active:
+        # The newest computation, unless it did not see the straggler (the flag's hysteresis
+        # keeps it open a while): then what the flag last said.
+        fresh = straggler is not None and straggler.data.get("ranks")
+        out.straggler = straggler.data if fresh and straggler is not None else flag.data
     return out

@@ -21,6 +21,7 @@ from forecasting.estimators.loss import forecast_loss
 from forecasting.estimators.slip import detect_slip
 from forecasting.estimators.stalled import detect_stall
 from forecasting.models import Flag, Forecast, ServerClock
+from forecasting.stragglers import straggler_finding
 from tracker import selectors as tracker_selectors
 from tracker.models import Event, IngestBatch, Run
 from tracker.series import Series, latest_wins
@@ -30,7 +31,12 @@ logger = logging.getLogger(__name__)
 # Forecast inputs are thinned to this many points; the estimators bin further themselves.
 MAX_INPUT_POINTS = 200_000
 # Kinds forecast_compute owns (resolves when absent); "stalled" belongs to the liveness sweep.
-FORECAST_FLAG_KINDS = (*Flag.DIVERGENCE_KINDS, Flag.Kind.SLIP, Flag.Kind.DEADLINE)
+FORECAST_FLAG_KINDS = (
+    *Flag.DIVERGENCE_KINDS,
+    Flag.Kind.SLIP,
+    Flag.Kind.DEADLINE,
+    Flag.Kind.STRAGGLER,
+)
 
 
 @dataclass
@@ -98,6 +104,9 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 kinds = Flag.DIVERGENCE_KINDS
             eta_conditions, odds = eta if eta is not None else ([], None)
             conditions += eta_conditions
+            if eta is not None:
+                # After the ETA: the what-if finish scales the forecast just stored.
+                conditions += _straggler_condition(run=run, now=now)
             if loss_key is not None:
                 # The progress series is the loss series: resolve it in memory, not reload it.
                 series = latest_wins(raw)
@@ -131,7 +140,16 @@ SUSTAINED_KINDS = (
     Flag.Kind.OSCILLATION,
     Flag.Kind.DEADLINE,
     Flag.Kind.SLIP,
+    Flag.Kind.STRAGGLER,
 )
+
+
+def _straggler_condition(*, run: Run, now: datetime) -> list[Condition]:
+    found = straggler_finding(run=run, now=now)
+    if found is None:
+        return []
+    kind = Flag.Kind.STRAGGLER
+    return [Condition(kind, found.explanation, found.severity, found.onset_step, found.data)]
 
 
 def _sustain_window(run: Run, now: datetime) -> timedelta:
@@ -415,6 +433,8 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
     # Same onset and same band: the open flag already says this; a new row would re-alert.
     if prev.onset_step != _int_or_none(cond.onset_step):
         return True
+    if prev.kind == Flag.Kind.STRAGGLER and prev.data.get("ranks") != cond.data.get("ranks"):
+        return True  # another rank is now the one everyone waits for
     return _band(prev.kind, prev.data) != _band(cond.kind, cond.data)
 
 

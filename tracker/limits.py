@@ -23,3 +23,9 @@ MIN_EPOCH_S = 0.0
 MAX_EPOCH_S = float(2**32)
 # Steps and event steps are stored as int64.
 MAX_ABS_STEP = 2**62
+# Per-rank step timings (POST /api/v1/runs/{id}/timings): a rank batching 30 s of 1 step/s
+# sends 30 steps; 20,000 leaves room for a long outage's replay of a fast job.
+MAX_TIMING_STEPS_PER_BATCH = 20_000
+MAX_RANK = 10_000_000  # the same bound as a run's world size
+# A step time is seconds; over a day it is a unit mistake (milliseconds), not a step.
+MAX_STEP_SECONDS = 86_400.0

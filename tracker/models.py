@@ -395,3 +395,44 @@ class Invitation(models.Model):
 
     def is_pending(self, at: datetime) -> bool:
         return self.accepted_at is None and self.revoked_at is None and at < self.expires_at
+
+
+class RankTimingChunk(models.Model):
+    """One batch of one rank's step timings (docs/architecture.md, "Per-rank timings").
+
+    Every rank of a distributed job sends its own (session, seq) batches, so a rank's batch is
+    one row: one INSERT per rank per batch, packed like MetricChunk (little-endian int64 steps,
+    float32 seconds, NaN where a part was not given). float32 keeps 7 digits of a step time
+    (0.1 µs of a 1 s step) at half the bytes: a 1,024-rank job writes 3 arrays per rank-step.
+    Kept apart from MetricChunk/IngestBatch: those are the run's progress and heartbeat, and
+    a non-zero rank is neither (it must not reopen the run or count as its attempt).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rank_timings")
+    session = models.CharField(max_length=64)
+    seq = models.BigIntegerField()
+    rank = models.PositiveIntegerField()
+    local_rank = models.PositiveIntegerField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    n = models.PositiveIntegerField()
+    min_step = models.BigIntegerField()
+    max_step = models.BigIntegerField()
+    steps = models.BinaryField()
+    compute = models.BinaryField()
+    wait = models.BinaryField()
+    total = models.BinaryField()
+    received_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "session", "seq"], name="rank_timing_unique_seq")
+        ]
+        indexes = [
+            # "All ranks over a step range" (the detector's recent window, the heat map).
+            models.Index(fields=["run", "max_step"], name="rank_timing_range_idx"),
+            # "One rank over the run" (drill-down to a rank's history).
+            models.Index(fields=["run", "rank", "min_step"], name="rank_timing_rank_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run} rank {self.rank} steps {self.min_step}-{self.max_step}"

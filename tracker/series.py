@@ -43,6 +43,17 @@ def pack_floats(values: np.ndarray) -> bytes:
     return np.ascontiguousarray(values, dtype=FLOAT_DTYPE).tobytes()
 
 
+TIMING_DTYPE = np.dtype("<f4")
+
+
+def pack_timings(seconds: np.ndarray) -> bytes:
+    return np.ascontiguousarray(seconds, dtype=TIMING_DTYPE).tobytes()
+
+
+def unpack_timings(blob: bytes | memoryview) -> np.ndarray:
+    return np.frombuffer(blob, dtype=TIMING_DTYPE)
+
+
 def unpack_steps(blob: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(blob, dtype=STEP_DTYPE)
 

@@ -24,10 +24,11 @@ from tracker.models import (
     IngestBatch,
     MetricChunk,
     Project,
+    RankTimingChunk,
     Run,
     RunSegment,
 )
-from tracker.series import pack_floats, pack_steps, rollup
+from tracker.series import pack_floats, pack_steps, pack_timings, rollup
 from tracker.signals import run_finished, run_ingested
 
 logger = logging.getLogger(__name__)
@@ -323,6 +324,54 @@ def _run_touch(*, run: Run, segment: RunSegment, series: list[SeriesIn], points:
     # crashed (e.g. a network outage the client spooled through); a reported ending stays.
     updates["status"] = Run.status_when_heard()
     Run.objects.filter(pk=run.pk).update(**updates)
+
+
+@dataclass(frozen=True)
+class RankTimingsIn:
+    """One rank's batch of step timings, validated; NaN where a part was not measured."""
+
+    rank: int
+    local_rank: int | None
+    host: str
+    steps: np.ndarray  # int64
+    compute: np.ndarray  # float64 seconds
+    wait: np.ndarray
+    total: np.ndarray
+
+
+def rank_timings_ingest(
+    *, run: Run, session: str, seq: int, timings: RankTimingsIn
+) -> IngestResult:
+    """Store one rank's batch of timings exactly once (a retried (session, seq) is a no-op).
+
+    It neither opens an attempt nor moves the run's progress or heartbeat: ranks other than 0
+    speak for their own step times only, and the run's liveness stays rank 0's.
+    """
+    n = int(timings.steps.size)
+    if n == 0:
+        return IngestResult(accepted=0, duplicate=False)
+    try:
+        with transaction.atomic():
+            RankTimingChunk.objects.create(
+                run=run,
+                session=session,
+                seq=seq,
+                rank=timings.rank,
+                local_rank=timings.local_rank,
+                host=timings.host,
+                n=n,
+                min_step=int(timings.steps.min()),
+                max_step=int(timings.steps.max()),
+                steps=pack_steps(timings.steps),
+                compute=pack_timings(timings.compute),
+                wait=pack_timings(timings.wait),
+                total=pack_timings(timings.total),
+            )
+    except IntegrityError:
+        if RankTimingChunk.objects.filter(run=run, session=session, seq=seq).exists():
+            return IngestResult(accepted=0, duplicate=True)
+        raise
+    return IngestResult(accepted=n, duplicate=False)
 
 
 @transaction.atomic

@@ -10,8 +10,8 @@ run.finish()
 
 from __future__ import annotations
 
-from runcast.run import NoOpRun, Run, init
+from runcast.run import NoOpRun, RankRun, Run, init
 from runcast.settings import Settings
 from runcast.version import __version__
 
-__all__ = ["NoOpRun", "Run", "Settings", "__version__", "init"]
+__all__ = ["NoOpRun", "RankRun", "Run", "Settings", "__version__", "init"]

@@ -44,6 +44,10 @@ def classify(kind: str, status: int) -> Verdict:
         return Verdict.OK
     if transport.is_transient(status):
         return Verdict.TRANSIENT
+    if kind == "timings" and status == 404:
+        # Rank 0 creates the run; another rank's first timings may arrive before it has.
+        # Kept and retried (with the growing probe interval), never dropped.
+        return Verdict.TRANSIENT
     if kind == "create" or status in BLOCKING_STATUSES:
         return Verdict.BLOCKED
     return Verdict.DROP
@@ -80,7 +84,7 @@ class Client:
         if kind == "create":
             return f"{base}/api/v1/runs"
         quoted = urllib.parse.quote(run_id, safe="")
-        suffix = "batches" if kind == "batch" else "finish"
+        suffix = {"batch": "batches", "timings": "timings"}.get(kind, "finish")
         return f"{base}/api/v1/runs/{quoted}/{suffix}"
 
     def post(self, kind: str, run_id: str, body: bytes, retries: int) -> transport.Response:
@@ -204,7 +208,7 @@ def _replay_one(
 
 
 def record_success(counters: Counters, kind: str, response: transport.Response) -> None:
-    if kind != "batch":
+    if kind not in ("batch", "timings"):
         return
     counters.batches_sent += 1
     if response[1].get("duplicate"):

@@ -41,6 +41,9 @@ class Sender(threading.Thread):
         settings: Settings,
         queue: collections.deque,
         on_created: Callable[[dict], None],
+        batcher: Any = None,
+        kind: str = "batch",
+        flush_interval: float | None = None,
     ) -> None:
         super().__init__(name=f"runcast-sender-{run_id[:12]}", daemon=True)
         self.run_id = run_id
@@ -50,7 +53,13 @@ class Sender(threading.Thread):
         self.on_created = on_created
         self.client = Client(settings)
         self.spool = spool_mod.SessionSpool.for_session(settings.spool_root(), run_id, session)
-        self.batcher = Batcher(session, settings.batch_points, settings.max_body_bytes)
+        # "batch" (the run's metrics) or "timings" (a rank's step timings: no create, no
+        # heartbeat, no finish; its own session, seq and spool folder).
+        self.kind = kind
+        self.batcher: Any = batcher or Batcher(
+            session, settings.batch_points, settings.max_body_bytes
+        )
+        self.flush_interval = settings.flush_interval if flush_interval is None else flush_interval
         self.offline = settings.mode == "offline"
         self.blocked = False
         self.backlog = False
@@ -72,12 +81,14 @@ class Sender(threading.Thread):
         self._max_n = -1
         self._points_sent = 0
         self._spooled_batches = 0
-        self._poll = min(0.25, max(0.01, settings.flush_interval / 4))
+        self._poll = min(0.25, max(0.01, self.flush_interval / 4))
 
     # -- called from the user's thread --------------------------------------------
 
-    def open(self, create_body: bytes) -> None:
+    def open(self, create_body: bytes | None) -> None:
         """Create the run (one synchronous try) before the thread starts."""
+        if create_body is None:
+            return  # a rank's timings: rank 0 creates the run
         if self.offline:
             self._spool_write(spool_mod.CREATE, create_body)
             return
@@ -176,16 +187,15 @@ class Sender(threading.Thread):
 
     def _seal_if_due(self, now: float) -> None:
         opened = self.batcher.opened_at
-        if opened is None:
-            due = self._heartbeat_due(now)  # an empty batch is worth sending as a heartbeat
-        else:
-            due = now - opened >= self.settings.flush_interval
+        # With nothing open, an empty batch is still worth sending as a heartbeat.
+        due = self._heartbeat_due(now) if opened is None else now - opened >= self.flush_interval
         if due:
             self.batcher.seal(heartbeat=self._heartbeat(now))
 
     def _heartbeat_due(self, now: float) -> bool:
-        # Heartbeats only mean something live: never spool one behind a backlog.
-        live = not (self.offline or self.blocked or self.backlog)
+        # Heartbeats only mean something live: never spool one behind a backlog. A rank's
+        # timings carry none: the run's liveness is rank 0's.
+        live = not (self.offline or self.blocked or self.backlog or self.kind != "batch")
         return live and now - self._last_heartbeat >= self.settings.heartbeat_interval
 
     def _heartbeat(self, now: float) -> float | None:
@@ -238,17 +248,17 @@ class Sender(threading.Thread):
                 return
             sealed = self._outbox[0]
             response = self.client.post(
-                "batch", self.run_id, sealed.body, retries=self.settings.max_retries
+                self.kind, self.run_id, sealed.body, retries=self.settings.max_retries
             )
-            verdict = classify("batch", response[0])
+            verdict = classify(self.kind, response[0])
             if verdict is Verdict.OK:
-                record_success(self.client.counters, "batch", response)
+                record_success(self.client.counters, self.kind, response)
                 self._points_sent += sealed.points
             elif verdict is Verdict.DROP:
-                self.client.warn_once("batch", response, f"dropping batch seq {sealed.seq}")
+                self.client.warn_once(self.kind, response, f"dropping batch seq {sealed.seq}")
                 self.client.counters.batches_dropped += 1
             elif verdict is Verdict.BLOCKED:
-                self._block(response, "batch")
+                self._block(response, self.kind)
                 self._spool_outbox()
                 return
             else:
@@ -260,7 +270,7 @@ class Sender(threading.Thread):
     def _on_replayed(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "create":
             self.on_created(payload)
-        elif kind == "batch":
+        elif kind in ("batch", "timings"):
             # Replayed batches are counted as the server reports them (0 for a duplicate).
             accepted = payload.get("accepted")
             self._points_sent += accepted if isinstance(accepted, int) else 0
@@ -308,7 +318,7 @@ class Sender(threading.Thread):
     def _spool_outbox(self) -> None:
         while self._outbox:
             sealed = self._outbox.popleft()
-            if not self._spool_write(spool_mod.batch_name(sealed.seq), sealed.body):
+            if not self._spool_write(spool_mod.batch_name(sealed.seq, self.kind), sealed.body):
                 self.client.counters.batches_dropped += 1
                 continue
             self._spooled_batches += 1
@@ -363,6 +373,9 @@ class Sender(threading.Thread):
         self._drain(None)
         self.batcher.seal()
         self._pump(time.time(), closing=True)
+        if self.kind != "batch":
+            self._report_leftovers()
+            return
         body = transport.encode(
             {"status": self._status, "time": self._finish_time, "session": self.session}
         )

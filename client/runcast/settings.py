@@ -47,6 +47,8 @@ class Settings:
     batch_points: int = DEFAULT_BATCH_POINTS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     finish_timeout: float = 30.0
+    # Seconds of step timings each rank collects per request (docs: "Stragglers").
+    timing_interval: float = 20.0
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
 
     def spool_root(self) -> Path:
@@ -71,6 +73,7 @@ _ENV_FIELDS: dict[str, tuple[str, type]] = {
     "RUNCAST_MAX_QUEUE": ("max_queue", int),
     "RUNCAST_BATCH_POINTS": ("batch_points", int),
     "RUNCAST_FINISH_TIMEOUT": ("finish_timeout", float),
+    "RUNCAST_TIMING_INTERVAL": ("timing_interval", float),
     "RUNCAST_MAX_SPOOL_BYTES": ("max_spool_bytes", int),
 }
 

@@ -7,6 +7,7 @@ Layout under the spool root (RUNCAST_DIR or ~/.cache/runcast)::
     <run-id>/<session>/create.json         the create request, if not yet acknowledged
     <run-id>/<session>/batch-0000000007.json   exact request bodies, named by seq
     <run-id>/<session>/finish.json         the finish request, if not yet acknowledged
+    <run-id>/<session>/timings-0000000003.json  a rank's step timings (a rank's own session)
 
 Files hold the exact bytes that would be POSTed, so a replay repeats the same session
 and seq and the server deduplicates it. Every write goes to a temp file first and is
@@ -29,12 +30,13 @@ CREATE = "create.json"
 FINISH = "finish.json"
 META = "meta.json"
 LOCK = "lock"
-_BATCH_RE = re.compile(r"^batch-(\d+)\.json$")
+_BATCH_RE = re.compile(r"^(?:batch|timings)-(\d+)\.json$")
+TIMINGS_PREFIX = "timings-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def batch_name(seq: int) -> str:
-    return f"batch-{seq:010d}.json"
+def batch_name(seq: int, kind: str = "batch") -> str:
+    return f"{kind}-{seq:010d}.json"
 
 
 def safe_name(value: str) -> str:
@@ -179,6 +181,8 @@ def kind_of(path: Path) -> str:
         return "create"
     if path.name == FINISH:
         return "finish"
+    if path.name.startswith(TIMINGS_PREFIX):
+        return "timings"
     return "batch"
 
 

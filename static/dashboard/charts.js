@@ -56,6 +56,7 @@ window.Runcast = (function () {
     restart: { color: "#d9822b", dash: [4, 3], label: true },
     onset: { color: "#c0392b", label: true, width: 2.5, strong: true },
     rollback: { color: "#1e8e3e", dash: [6, 3], label: true, width: 2, strong: true },
+    straggler: { color: "#b0500f", dash: [5, 3], label: true, width: 2, strong: true },
   };
   const NONFINITE = "#c0392b";
 
@@ -63,7 +64,7 @@ window.Runcast = (function () {
   const stepText = (v) => (Math.abs(v) >= 1e4 ? +(v / 1e3).toFixed(1) + "k" : String(Math.round(v)));
 
   function markerText(m) {
-    if (m.kind === "onset" || m.kind === "rollback") return m.label + " · step " + stepText(m.step);
+    if (m.kind === "onset" || m.kind === "rollback" || m.kind === "straggler") return m.label + " · step " + stepText(m.step);
     return m.label;
   }
 

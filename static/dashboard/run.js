@@ -58,7 +58,7 @@
           ],
         },
         R.overlay(
-          () => (ov ? ov.markers : []),
+          () => (ov ? ov.markers.filter((m) => m.kind !== "straggler") : []),
           () => (ov && ov.target != null ? [{ y: ov.target, label: "target " + ov.target, color: "#1e8e3e", dash: [8, 4] }] : []),
           () => d.nonfinite_steps
         ),
@@ -157,7 +157,11 @@
     info("info-rate", d.key ? "from " + d.key + " (" + d.source + ") · " + d.x.length + " buckets" : "no progress series yet");
     return {
       data: [d.x, d.min, d.max, d.rate, ms],
-      opts: {
+      // A straggler's onset: from there the whole job runs at the slow rank's pace.
+      opts: R.merge(
+        R.overlay(() => (ov ? ov.markers.filter((m) => m.kind === "straggler") : []), () => []),
+        { hooks: { ready: [(u) => (window.runcastCharts.rate = u)] } },
+        {
         scales: { x: { time: false }, ms: {} },
         axes: [
           R.axis({ values: R.fmtStep }),
@@ -172,8 +176,8 @@
           { label: "ms/step", scale: "ms", stroke: "rgba(120,70,180,0.8)", width: 1, dash: [4, 3], points: { show: false } },
         ],
         bands: [{ series: [2, 1], fill: "rgba(30,142,62,0.12)" }],
-        hooks: { ready: [(u) => (window.runcastCharts.rate = u)] },
-      },
+        }
+      ),
     };
   });
 

@@ -40,6 +40,8 @@ class RunState:
     events: list[dict] = field(default_factory=list)
     heartbeats: list[float] = field(default_factory=list)
     finishes: list[dict] = field(default_factory=list)
+    # /timings bodies as accepted (one per rank batch), deduplicated by (session, seq).
+    timings: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -166,6 +168,14 @@ class FakeServer:
             return 404, {"error": "run not found"}, {}
         if kind == "batch":
             return self._batch(run, body)
+        if kind == "timings":
+            key = (body["session"], body["seq"])
+            if key in run.seqs:
+                self.state.duplicates += 1
+                return 200, {"accepted": 0, "duplicate": True}, {}
+            run.seqs.add(key)
+            run.timings.append(body)
+            return 200, {"accepted": len(body["steps"]), "duplicate": False}, {}
         if kind == "finish":
             if body.get("status", "finished") not in FINISH_STATUSES:
                 return 400, {"error": "bad status", "field": "status"}, {}
@@ -214,10 +224,11 @@ class FakeServer:
 def _route(path: str) -> tuple[str, str | None]:
     if path == "/api/v1/runs":
         return "create", None
-    match = re.fullmatch(r"/api/v1/runs/([^/]+)/(batches|finish)", path)
+    match = re.fullmatch(r"/api/v1/runs/([^/]+)/(batches|finish|timings)", path)
     if match is None:
         return "unknown", None
-    return ("batch" if match.group(2) == "batches" else "finish"), match.group(1)
+    kind = {"batches": "batch", "finish": "finish", "timings": "timings"}[match.group(2)]
+    return kind, match.group(1)
 
 
 def _validate_batch(run: RunState, body: dict) -> Scripted | None:

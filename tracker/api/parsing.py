@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from tracker import limits
-from tracker.api.schemas import BatchIn
-from tracker.services import EventIn, SeriesIn, ServiceError, from_epoch
+from tracker.api.schemas import BatchIn, TimingsIn
+from tracker.services import EventIn, RankTimingsIn, SeriesIn, ServiceError, from_epoch
 
 
 class TooLarge(ServiceError):
@@ -81,6 +81,49 @@ def events_from_batch(payload: BatchIn, *, received: float | None = None) -> lis
             EventIn(kind=e.kind, step=e.step, time=from_epoch(e.time or now), payload=e.payload)
         )
     return out
+
+
+TIMING_PARTS = ("compute_s", "wait_s", "total_s")
+
+
+def timings_from_payload(payload: TimingsIn) -> RankTimingsIn:
+    """Columns of one rank's timings as float arrays (NaN: not measured), checked per value."""
+    n = len(payload.steps)
+    if n > limits.MAX_TIMING_STEPS_PER_BATCH:
+        raise TooLarge(
+            f"{n} steps exceed MAX_TIMING_STEPS_PER_BATCH ({limits.MAX_TIMING_STEPS_PER_BATCH})",
+            field="steps",
+        )
+    columns: dict[str, np.ndarray] = {}
+    for name in TIMING_PARTS:
+        given = getattr(payload, name)
+        if given is None:
+            columns[name] = np.full(n, np.nan)
+            continue
+        if len(given) != n:
+            raise ServiceError(f"{len(given)} values for {n} steps", field=name)
+        values = np.array([np.nan if v is None else v for v in given], dtype=np.float64)
+        # NaN is "not measured"; a negative, infinite or day-long step time is a unit mistake.
+        bad = np.flatnonzero(
+            ~np.isnan(values) & ~((values >= 0) & (values <= limits.MAX_STEP_SECONDS))
+        )
+        if bad.size:
+            raise ServiceError(
+                f"seconds must be from 0 to {limits.MAX_STEP_SECONDS:.0f} (or null)",
+                field=f"{name}[{bad[0]}]",
+            )
+        columns[name] = values
+    if n and all(np.isnan(c).all() for c in columns.values()):
+        raise ServiceError("give at least one of compute_s, wait_s, total_s", field="compute_s")
+    return RankTimingsIn(
+        rank=payload.rank,
+        local_rank=payload.local_rank,
+        host=payload.host,
+        steps=np.asarray(payload.steps, dtype=np.int64),
+        compute=columns["compute_s"],
+        wait=columns["wait_s"],
+        total=columns["total_s"],
+    )
 
 
 def json_check(value: Any, *, field: str) -> None:

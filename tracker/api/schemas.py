@@ -77,6 +77,8 @@ class BatchIn(Schema):
     metrics: dict[str, SeriesPayload] = Field(default_factory=dict)
     events: list[EventPayload] = Field(default_factory=list)
     heartbeat: EpochSeconds | None = None
+    # Only rank 0 (or a process that names no rank) logs metrics; other ranks send timings.
+    rank: int | None = Field(default=None, ge=0, le=limits.MAX_RANK)
 
     @field_validator("metrics")
     @classmethod
@@ -87,6 +89,25 @@ class BatchIn(Schema):
                     f"metric key {key[:50]!r} must be 1-{limits.MAX_KEY_LENGTH} printable chars"
                 )
         return value
+
+
+# A part of a step not measured on this rank is null (NaN); checked for range in parsing.
+Seconds = list[float | None] | None
+
+
+class TimingsIn(Schema):
+    """One rank's step timings: `compute_s` the rank's own work, `wait_s` its wait inside the
+    collective, `total_s` the whole step (or the interval between log() calls)."""
+
+    session: str = Field(pattern=SESSION_PATTERN)
+    seq: int = Field(ge=0, le=2**62)
+    rank: int = Field(ge=0, le=limits.MAX_RANK)
+    local_rank: int | None = Field(default=None, ge=0, le=limits.MAX_RANK)
+    host: Text = Field(default="", max_length=255)
+    steps: list[Step]
+    compute_s: Seconds = None
+    wait_s: Seconds = None
+    total_s: Seconds = None
 
 
 class BatchOut(Schema):

@@ -12,8 +12,21 @@ from ninja import Router, Status
 from tracker import limits, selectors, services
 from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
-from tracker.api.parsing import events_from_batch, json_check, series_from_batch
-from tracker.api.schemas import BatchIn, BatchOut, ErrorOut, FinishIn, RunCreateIn, RunOut
+from tracker.api.parsing import (
+    events_from_batch,
+    json_check,
+    series_from_batch,
+    timings_from_payload,
+)
+from tracker.api.schemas import (
+    BatchIn,
+    BatchOut,
+    ErrorOut,
+    FinishIn,
+    RunCreateIn,
+    RunOut,
+    TimingsIn,
+)
 from tracker.links import run_url
 from tracker.models import ApiToken, Run
 
@@ -79,6 +92,12 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
 def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOut:
     """Metrics in columnar form, events and a heartbeat. A retried (session, seq) is a no-op."""
     token = require_scope(request, ApiToken.Scope.WRITE)
+    if payload.rank:
+        raise services.ServiceError(
+            f"rank {payload.rank} may only send timings (POST /api/v1/runs/{{id}}/timings);"
+            " metrics and events come from rank 0",
+            field="rank",
+        )
     run = run_for_token(token=token, run_id=run_id)
     received = time.time()
     result = services.batch_ingest(
@@ -88,6 +107,24 @@ def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOu
         series=series_from_batch(payload, received=received),
         events=events_from_batch(payload, received=received),
         heartbeat=services.from_epoch(payload.heartbeat) if payload.heartbeat else None,
+    )
+    return BatchOut(accepted=result.accepted, duplicate=result.duplicate)
+
+
+@router.post(
+    "/runs/{run_id}/timings", response={200: BatchOut, **ERRORS}, summary="Send rank timings"
+)
+def timings_create(request: HttpRequest, run_id: str, payload: TimingsIn) -> BatchOut:
+    """One rank's step timings (every rank, 0 included, under the run rank 0 created).
+
+    A retried (session, seq) is a no-op. 404 while rank 0 has not created the run yet: the
+    client keeps the batch and retries.
+    """
+    token = require_scope(request, ApiToken.Scope.WRITE)
+    timings = timings_from_payload(payload)
+    run = run_for_token(token=token, run_id=run_id)
+    result = services.rank_timings_ingest(
+        run=run, session=payload.session, seq=payload.seq, timings=timings
     )
     return BatchOut(accepted=result.accepted, duplicate=result.duplicate)
 
