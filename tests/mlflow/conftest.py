@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
@@ -36,9 +37,14 @@ def mlflow_env(live_server: Any, ml_token: str, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", live_server.url)
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", ml_token)
-    # Fail fast in tests: the client's default retries a refused request for minutes.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    # The client's default retries a 5xx for minutes; three quick retries are enough here.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    if connection.vendor == "sqlite":
+        # The SQLite test database is in-memory with a shared cache, whose table locks fail a
+        # concurrent writer at once instead of waiting (Runcast's own SQLite file waits, and
+        # PostgreSQL, as in CI, takes concurrent batches): the async client sends one at a time.
+        monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
     mlflow.set_tracking_uri(live_server.url)
     yield mlflow
