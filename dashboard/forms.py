@@ -111,3 +111,8 @@ def _zone(name: str):  # type: ignore[no-untyped-def]
     from zoneinfo import ZoneInfo
 
     return ZoneInfo(name)
+
+
+class RunPlanForm(forms.Form):
+    total_steps = forms.IntegerField(min_value=1, max_value=2**62, required=False)
+    deadline = forms.SlugField(required=False)

@@ -109,3 +109,24 @@ def test_params_set_the_plan_and_a_deadline(client: Client, write_token: str, pr
     assert (run.total_steps, run.deadline.slug) == (1000, "neurips")
     post("runs/set-tag", {"run_id": run_id, "key": "runcast.total_steps", "value": "1200"})
     assert Run.objects.get(public_id=run_id).total_steps == 1200
+
+
+@pytest.mark.django_db
+def test_members_edit_the_plan_on_the_run_page(
+    client: Client, project: Any, member: Any, viewer: Any, outsider: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    project.deadlines.create(slug="icml", name="ICML", cutoff=datetime(2027, 1, 1, tzinfo=UTC))
+    run = Run.objects.create(project=project, public_id="r1", total_steps=10)
+    url = f"/runs/{project.slug}/r1/plan/"
+    client.force_login(viewer)
+    assert client.post(url, {"total_steps": "500"}).status_code == 403
+    client.force_login(outsider)
+    assert client.post(url, {"total_steps": "500"}).status_code == 404
+    client.force_login(member)
+    assert client.get(f"/runs/{project.slug}/r1/").status_code == 200
+    assert client.post(url, {"total_steps": "0"}).status_code == 400
+    assert client.post(url, {"total_steps": "500", "deadline": "icml"}).status_code == 302
+    run.refresh_from_db()
+    assert (run.total_steps, run.deadline.slug) == (500, "icml")
