@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,7 +56,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=open(root / "server.log", "wb"),  # noqa: SIM115
+        start_new_session=True,  # its uvicorn workers stop with it, as one process group
     )
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     import requests
@@ -66,12 +75,11 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except requests.RequestException:  # still starting
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
+            stop()
             pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
         time.sleep(0.5)
     yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop()
 
 
 def _log(client: Any, run_id: str, key: str, steps: range, t0: int) -> None:
