@@ -9,6 +9,8 @@ from config.views import healthz
 
 urlpatterns = [
     path("api/v1/", api.urls),
+    # The MLflow tracking REST API, so stock MLflow clients log here (docs/mlflow.md).
+    path("", include("tracker.mlflow.urls")),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("login/", auth_views.LoginView.as_view(), name="login"),

@@ -154,3 +154,8 @@ class InviteAcceptForm(forms.Form):
         if data.get("password") != data.get("password_again"):
             self.add_error("password_again", "the two passwords differ")
         return data
+
+
+class RunPlanForm(forms.Form):
+    total_steps = forms.IntegerField(min_value=1, max_value=2**62, required=False)
+    deadline = forms.SlugField(required=False)

@@ -12,6 +12,7 @@ urlpatterns = [
     path("board/", views.board_partial, name="board-partial"),
     path(run, views.run_detail, name="run"),
     path(f"{run}summary/", views.run_summary, name="run-summary"),
+    path(f"{run}plan/", views.run_plan, name="run-plan"),
     path(f"{run}series.json", views.run_series, name="run-series"),
     path(f"{run}throughput.json", views.run_throughput, name="run-throughput"),
     path(f"{run}overview.json", views.run_overview, name="run-overview"),

@@ -7,17 +7,19 @@ import math
 import numpy as np
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 from dashboard import pages
+from dashboard.forms import RunPlanForm
 from dashboard.presenters import board_view
 from forecasting.models import Forecast
 from forecasting.selectors import eta_history, forecast_latest
 from tracker import selectors
 from tracker.access import can_create_projects, membership_for, run_for
+from tracker.settings_services import run_plan_update
 
 MAX_BUCKETS = 2_000
 # Pages poll their partials at these intervals while a run is active (htmx `every`).
@@ -76,13 +78,37 @@ def board_partial(request: HttpRequest) -> HttpResponse:
 def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
     run = run_for(user=request.user, project_slug=project, run_id=run_id)
     page = pages.run_page(run=run, now=timezone.now())
-    return {"run": page.outlook.run, "page": page, "o": page.outlook, "poll_s": RUN_POLL_S}
+    deadlines = list(run.project.deadlines.values_list("slug", "name"))
+    return {
+        "run": page.outlook.run,
+        "page": page,
+        "o": page.outlook,
+        "poll_s": RUN_POLL_S,
+        "deadlines": deadlines,
+    }
 
 
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
     return render(request, "dashboard/run.html", _run_context(request, project, run_id))
+
+
+@login_required
+@require_POST
+def run_plan(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
+    """Correct the plan forecasts use (total steps, deadline): members and owners."""
+    run = run_for(user=request.user, project_slug=project, run_id=run_id, need="member")
+    form = RunPlanForm(request.POST)
+    if not form.is_valid():
+        context = _run_context(request, project, run_id)
+        return render(request, "dashboard/run.html", {**context, "plan_form": form}, status=400)
+    run_plan_update(
+        run=run,
+        total_steps=form.cleaned_data["total_steps"],
+        deadline_slug=form.cleaned_data["deadline"] or "",
+    )
+    return redirect("dashboard:run", project=project, run_id=run_id)
 
 
 @login_required

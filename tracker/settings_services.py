@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
-from tracker.models import Deadline, Membership, Project, validate_timezone
+from tracker.models import Deadline, Membership, Project, Run, validate_timezone
 from tracker.services import Conflict, NotFound, ServiceError
 
 # Pages compute cutoff - buffer and draw axes out to twice the time to the cutoff; outside these
@@ -213,3 +213,18 @@ def project_create(
     )
     Membership.objects.create(project=project, user=creator, role=Membership.Role.OWNER)
     return project
+
+
+def run_plan_update(*, run: Run, total_steps: int | None, deadline_slug: str) -> Run:
+    """The plan forecasts use: total steps and the deadline, as a member corrects them (e.g. for
+    a run logged through the MLflow API, whose plan came from its params)."""
+    deadline = None
+    if deadline_slug:
+        deadline = Deadline.objects.filter(project=run.project_id, slug=deadline_slug).first()
+        if deadline is None:
+            raise NotFound(f"no deadline {deadline_slug!r} in this project", field="deadline")
+    if total_steps is not None and not 1 <= total_steps <= 2**62:
+        raise ServiceError("total steps must be between 1 and 2**62", field="total_steps")
+    Run.objects.filter(pk=run.pk).update(total_steps=total_steps, deadline=deadline)
+    run.total_steps, run.deadline = total_steps, deadline
+    return run

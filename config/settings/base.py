@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     # Listed so /api/v1/docs serves Swagger UI from ninja's bundled static files, not a CDN.
     "ninja",
     "tracker",
+    "tracker.mlflow",
     "forecasting",
     "alerts",
     "dashboard",

@@ -1,0 +1,58 @@
+"""The stock `mlflow` client against a live Runcast server (pytest-django's live_server).
+
+Tests that need the `mlflow` package skip where the `mlflow` extra is not installed
+(`RUNCAST_TEST_EXTRAS=mlflow scripts/bootstrap` installs it; CI does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tracker.models import ApiToken, Membership, Project
+from tracker.services import token_create
+
+
+@pytest.fixture
+def ml_project(django_user_model: Any) -> Project:
+    user = django_user_model.objects.create_user("trainer", password="pw-trainer-123")
+    project = Project.objects.create(slug="ml", name="ML")
+    Membership.objects.create(project=project, user=user, role=Membership.Role.OWNER)
+    return project
+
+
+@pytest.fixture
+def ml_token(ml_project: Project) -> str:
+    return token_create(project=ml_project, name="mlflow", scope=ApiToken.Scope.WRITE)
+
+
+@pytest.fixture
+def mlflow_env(live_server: Any, ml_token: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """`mlflow` pointed at the live server with the project's write token, as a user would."""
+    mlflow = pytest.importorskip("mlflow")
+    for name in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", live_server.url)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", ml_token)
+    # The client's default retries a 5xx for minutes; three quick retries are enough here.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    if connection.vendor == "sqlite":
+        # The SQLite test database is in-memory with a shared cache, whose table locks fail a
+        # concurrent writer at once instead of waiting (Runcast's own SQLite file waits, and
+        # PostgreSQL, as in CI, takes concurrent batches): the async client sends one at a time.
+        monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    mlflow.set_tracking_uri(live_server.url)
+    yield mlflow
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.config.enable_async_logging(False)
+    mlflow.disable_system_metrics_logging()
+    import mlflow.tracking.fluent as fluent
+
+    fluent._active_experiment_id = None
+    mlflow.set_tracking_uri(None)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""What MLflow has and Runcast's own models do not: named experiments and each run's MLflow facts.
+
+An MLflow experiment is a named group of runs inside one Runcast project (a token is scoped to
+one project, so it sees that project's experiments only). Every project has the experiment
+`Default` with id "0", which stock clients use when no experiment is set. The MLflow run is a
+Runcast `Run` (its public id is the MLflow run id); `RunLink` keeps what MLflow reports about it
+and Runcast does not model: every tag, the MLflow status and lifecycle stage, the user, and the
+attempt whose ingestion session its metrics belong to.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.timezone import now
+
+from tracker.models import Project, Run
+
+DEFAULT_EXPERIMENT_ID = "0"
+DEFAULT_EXPERIMENT_NAME = "Default"
+
+
+class Experiment(models.Model):
+    class Stage(models.TextChoices):
+        ACTIVE = "active"
+        DELETED = "deleted"
+
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="mlflow_experiments"
+    )
+    # The id clients see: "0" for the default experiment, random digits otherwise (MLflow's
+    # own ids are digits, and some clients compare them as strings of digits).
+    public_id = models.CharField(max_length=32)
+    name = models.CharField(max_length=500)
+    lifecycle_stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.ACTIVE)
+    tags = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=now)
+    updated_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "public_id"], name="mlflow_exp_unique_id"),
+            models.UniqueConstraint(fields=["project", "name"], name="mlflow_exp_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.name}"
+
+
+class RunLink(models.Model):
+    class Stage(models.TextChoices):
+        ACTIVE = "active"
+        DELETED = "deleted"
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="mlflow")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    # Every MLflow tag as logged, system tags (mlflow.*) included.
+    tags = models.JSONField(default=dict, blank=True)
+    # MLflow's own status (RUNNING, SCHEDULED, FINISHED, FAILED, KILLED): Runcast's status is
+    # coarser (KILLED is Runcast's crashed) and get_run must answer what the client set.
+    status = models.CharField(max_length=16, default="RUNNING")
+    lifecycle_stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.ACTIVE)
+    user_id = models.CharField(max_length=256, blank=True)
+    end_time_ms = models.BigIntegerField(null=True, blank=True)
+    # Each start or resume (update to RUNNING) is an attempt: its metrics are ingested under the
+    # session `mlflow-<attempt>`, so a resume from an earlier checkpoint is a new segment.
+    attempt = models.PositiveIntegerField(default=1)
+    # The MLflow server a run was imported from (`runcast_import_mlflow`); blank when logged here.
+    imported_from = models.CharField(max_length=500, blank=True)
+
+    def __str__(self) -> str:
+        return f"mlflow run {self.run.public_id}"
+
+    @property
+    def session(self) -> str:
+        return f"mlflow-{self.attempt}"

@@ -1,0 +1,190 @@
+"""Reads behind the MLflow API, answered in MLflow's JSON shapes (its protobuf's JSON form)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracker import selectors as tracker_selectors
+from tracker.mlflow.models import Experiment, RunLink
+from tracker.models import MetricChunk, Project, Run
+from tracker.series import concat
+
+
+def experiment_find(*, project: Project, public_id: str) -> Experiment | None:
+    return Experiment.objects.filter(project=project, public_id=public_id).first()
+
+
+def experiment_by_name(*, project: Project, name: str) -> Experiment | None:
+    return Experiment.objects.filter(project=project, name=name).first()
+
+
+def experiments(*, project: Project) -> list[Experiment]:
+    return list(Experiment.objects.filter(project=project).order_by("created_at", "id"))
+
+
+def run_link(*, project: Project, run_id: str) -> RunLink | None:
+    if "\x00" in run_id:
+        return None
+    return (
+        RunLink.objects.select_related("run", "run__project", "experiment")
+        .filter(run__project=project, run__public_id=run_id)
+        .first()
+    )
+
+
+def run_links(*, project: Project, experiment_ids: list[str]) -> list[RunLink]:
+    return list(
+        RunLink.objects.select_related("run", "experiment")
+        .filter(run__project=project, experiment__public_id__in=experiment_ids)
+        .order_by("-run__started_at", "run__public_id")
+    )
+
+
+# --- JSON shapes -----------------------------------------------------------------------------
+
+
+def _ms(dt: Any) -> int:
+    return int(dt.timestamp() * 1000)
+
+
+def number(value: float) -> float | str:
+    """A double in protobuf's JSON: non-finite values are the strings "NaN", "Infinity"."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def experiment_json(experiment: Experiment) -> dict[str, Any]:
+    return {
+        "experiment_id": experiment.public_id,
+        "name": experiment.name,
+        # Runcast keeps no artifacts; a location that no artifact client can write to says so.
+        "artifact_location": f"mlflow-artifacts:/{experiment.public_id}",
+        "lifecycle_stage": experiment.lifecycle_stage,
+        "creation_time": _ms(experiment.created_at),
+        "last_update_time": _ms(experiment.updated_at),
+        "tags": [{"key": k, "value": v} for k, v in sorted(experiment.tags.items())],
+    }
+
+
+def run_info_json(link: RunLink) -> dict[str, Any]:
+    run = link.run
+    info: dict[str, Any] = {
+        "run_id": run.public_id,
+        "run_uuid": run.public_id,
+        "run_name": run.name,
+        "experiment_id": link.experiment.public_id,
+        "user_id": link.user_id,
+        "status": link.status,
+        "start_time": _ms(run.started_at),
+        # Artifacts go to the MLflow artifact proxy path, which answers that Runcast keeps none.
+        "artifact_uri": (
+            f"mlflow-artifacts:/{link.experiment.public_id}/{run.public_id}/artifacts"
+        ),
+        "lifecycle_stage": link.lifecycle_stage,
+    }
+    if link.end_time_ms is not None:
+        info["end_time"] = link.end_time_ms
+    return info
+
+
+@dataclass(frozen=True)
+class Latest:
+    value: float
+    timestamp_ms: int
+    step: int
+
+
+def latest_metrics(*, run: Run) -> dict[str, Latest]:
+    """Each key's latest point as MLflow defines it: the highest step, then the latest time."""
+    out: dict[str, Latest] = {}
+    for key in tracker_selectors.series_keys(run=run):
+        chunk = (
+            MetricChunk.objects.filter(run=run, key=key)
+            .order_by("-max_step", "-id")
+            .values_list("segment", "steps", "values", "times")
+            .first()
+        )
+        if chunk is None:
+            continue
+        series = concat([(chunk[0], bytes(chunk[1]), bytes(chunk[2]), bytes(chunk[3]))])
+        top = series.steps == series.steps.max()
+        i = int(np.flatnonzero(top)[np.argmax(series.times[top])])
+        out[key] = Latest(
+            value=float(series.values[i]),
+            timestamp_ms=round(float(series.times[i]) * 1000),
+            step=int(series.steps[i]),
+        )
+    return out
+
+
+def run_json(link: RunLink, *, latest: dict[str, Latest] | None = None) -> dict[str, Any]:
+    run = link.run
+    latest = latest_metrics(run=run) if latest is None else latest
+    return {
+        "info": run_info_json(link),
+        "data": {
+            "metrics": [
+                {"key": k, "value": number(m.value), "timestamp": m.timestamp_ms, "step": m.step}
+                for k, m in sorted(latest.items())
+            ],
+            "params": [{"key": k, "value": str(v)} for k, v in sorted(run.config.items())],
+            "tags": [{"key": k, "value": v} for k, v in sorted(link.tags.items())],
+        },
+        "inputs": {},
+        "outputs": {},
+    }
+
+
+# --- metric history --------------------------------------------------------------------------
+
+
+def metric_history(*, run: Run, key: str) -> list[dict[str, Any]]:
+    """Every point of one key as logged, every attempt included (MLflow keeps all history)."""
+    series = tracker_selectors.series_load(run=run, key=key, resolve=False)
+    if series.steps.size == 0:
+        return []
+    # Storage order is by attempt and step; MLflow answers in logging (time) order.
+    order = np.lexsort((series.steps, series.times))
+    stamps = np.rint(series.times[order] * 1000).astype(np.int64)
+    return [
+        {"key": key, "value": number(v), "timestamp": int(t), "step": int(s)}
+        for v, t, s in zip(
+            series.values[order].tolist(),
+            stamps.tolist(),
+            series.steps[order].tolist(),
+            strict=True,
+        )
+    ]
+
+
+def metric_history_sampled(
+    *, run: Run, key: str, start: int | None, end: int | None, max_results: int
+) -> list[dict[str, Any]]:
+    """At most `max_results` points of one key between two steps, evenly over the range, the
+    first and last kept (what MLflow's UI asks `get-history-bulk-interval` for)."""
+    series = tracker_selectors.series_load(run=run, key=key, resolve=True)
+    keep = np.ones(series.steps.size, dtype=bool)
+    if start is not None:
+        keep &= series.steps >= start
+    if end is not None:
+        keep &= series.steps <= end
+    idx = np.flatnonzero(keep)
+    if idx.size > max_results:
+        idx = idx[np.unique(np.linspace(0, idx.size - 1, max_results).round().astype(int))]
+    return [
+        {
+            "key": key,
+            "value": number(float(series.values[i])),
+            "timestamp": round(float(series.times[i]) * 1000),
+            "step": int(series.steps[i]),
+            "run_id": run.public_id,
+        }
+        for i in idx.tolist()
+    ]
