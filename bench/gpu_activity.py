@@ -83,7 +83,9 @@ def run_events(events: pd.DataFrame) -> ga.RunEvents:
             opened[prefix] = float(row.time_s)
         elif prefix in pairs and edge == "stop" and prefix in opened:
             phases.append(ga.Phase(opened.pop(prefix), float(row.time_s), pairs[prefix]))
-    step_rows = events[events["detail"].str.contains("step=") & events["event"].str.startswith("tracked_stats.")]
+    step_rows = events[
+        events["detail"].str.contains("step=") & events["event"].str.startswith("tracked_stats.")
+    ]
     steps = step_rows["detail"].str.extract(r"step=(\d+)")[0].astype(float).to_numpy()
     # A job that logs no step numbers still progresses at every block/epoch boundary.
     return ga.RunEvents(
@@ -226,9 +228,16 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
     by_size = {}
     for lo, hi in SIZE_BUCKETS:
         inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < hi + 1]
-        by_size[f"{lo}-{hi}s"] = round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
+        by_size[f"{lo}-{hi}s"] = (
+            round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
+        )
     by_context = {}
-    for kind, context in (("burst", "train"), ("burst", "eval"), ("burst", "idle"), ("throttle", "train")):
+    for kind, context in (
+        ("burst", "train"),
+        ("burst", "eval"),
+        ("burst", "idle"),
+        ("throttle", "train"),
+    ):
         inside = [t for t in trials if t["kind"] == kind and t["context"] == context]
         by_context[f"{kind}/{context}"] = (
             round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
@@ -324,7 +333,9 @@ def print_table(per_run: list[dict], summary: dict) -> None:
             f"{found:>9} {delay:>6}"
         )
         for a in r["clean_alarms"]:
-            print(f"    false alarm: series {a['series']} {a['start']:.0f}-{a['end']:.0f} s ({a['phase']})")
+            print(
+                f"    false alarm: series {a['series']} {a['start']:.0f}-{a['end']:.0f} s ({a['phase']})"
+            )
     print()
     for key, value in summary.items():
         print(f"{key:<36} {value}")

@@ -70,7 +70,7 @@ class RunEvents:
 @dataclass(frozen=True)
 class Settings:
     tolerance_s: float = 10.0
-    min_duration_s: float = 6.0
+    min_duration_s: float = 8.0
     # Departing samples this far apart still belong to one episode.
     merge_gap_s: float = 6.0
     z: float = 5.0
@@ -160,9 +160,7 @@ def step_change_marks(
     return marks
 
 
-def _regime_keys(
-    times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]
-) -> np.ndarray:
+def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -> np.ndarray:
     """Phase kind plus how many level-changing marks came before: each its own level."""
     cuts = np.sort(
         [m.time for m in marks if m.kind in ("arch_change", "resume", "restart", "step_change")]
@@ -175,10 +173,20 @@ def _regime_keys(
 
 
 def _rolling(values: np.ndarray, window: int, quantile: float) -> np.ndarray:
+    """Trailing quantile of the regime's earlier samples (what an online detector knows).
+
+    Trailing, not centred: a burst of a few minutes is measured against the level before it
+    instead of pulling its own reference up. The first samples of a regime, with too little
+    history, use the regime's first window.
+    """
     series = pd.Series(values)
-    roll = series.rolling(window, center=True, min_periods=1)
-    out = roll.median() if quantile == 0.5 else roll.quantile(quantile)
-    return out.to_numpy(dtype=float)
+    roll = series.shift(1).rolling(window, min_periods=1)
+    out = np.array(roll.median() if quantile == 0.5 else roll.quantile(quantile), dtype=float)
+    warm = min(values.size, max(3, window // 10))
+    head = values[: min(values.size, window)]
+    first = float(np.median(head) if quantile == 0.5 else np.quantile(head, quantile))
+    out[:warm] = first
+    return out
 
 
 def regime_levels(
@@ -241,10 +249,27 @@ def departures(
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
     lo, hi = _band(times, level, slack, settings.tolerance_s)
+    hi = _idle_reaches_setup(labels, level, slack, hi)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
     if peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size:
         dev = _and_peer_departure(times, values, peers, keys, dev, settings)
     return {"level": level, "lo": lo, "hi": hi, "dev": dev, "labels": labels, "marks": marks}
+
+
+def _idle_reaches_setup(
+    labels: np.ndarray, level: np.ndarray, slack: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Between jobs a node also sits at its setup level (this run's init, the next job's).
+
+    Idle is learnt as the floor, but the readings after a run's end (and before its init)
+    include setup work at the init level; the run logged what that level looks like.
+    """
+    init = labels == "init"
+    idle = np.isin(labels, list(IDLE_PHASES))
+    if not init.any() or not idle.any():
+        return hi
+    ceiling = float(np.median(level[init] + slack[init]))
+    return np.where(idle, np.maximum(hi, ceiling), hi)
 
 
 def _and_peer_departure(
@@ -264,8 +289,9 @@ def _and_peer_departure(
     window = max(3, int(round(settings.window_s / dt)) | 1)
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
-        r = pd.Series(ratio[idx]).rolling(window, center=True, min_periods=1).median()
-        exp = filled[idx] * r.to_numpy(dtype=float)
+        r = ratio[idx]
+        r = _rolling(np.where(np.isfinite(r), r, np.nanmedian(r)), window, 0.5)
+        exp = filled[idx] * r
         resid = values[idx] - exp
         finite = resid[np.isfinite(resid)]
         mad = float(np.median(np.abs(finite - np.median(finite)))) * 1.4826 if finite.size else 0.0
@@ -279,7 +305,11 @@ def _and_peer_departure(
     # Peers are read at slightly different instants: one sampling period of alignment jitter.
     lo, hi = _band(times, expected, slack, 1.01 * dt)
     peer_dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    return np.where(np.sign(peer_dev) == np.sign(dev), dev, 0.0)
+    # Peers are the sharper reference: the run's intra-step swings and its phases move them in
+    # step, so they cancel. The phase band is kept as a floor against a peer-wide drift only
+    # where it is itself tight (no phase boundary nearby).
+    del dev
+    return peer_dev
 
 
 # -- episodes -------------------------------------------------------------------------------
