@@ -61,7 +61,7 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
     for node, group in power.groupby("node", sort=True):
         t = group["time_s"].to_numpy(float)
         w = group["watts"].to_numpy(float)
-        digest = hashlib.sha1(t.tobytes() + w.tobytes()).hexdigest()
+        digest = hashlib.blake2b(t.tobytes() + w.tobytes()).hexdigest()
         if digest in by_hash:
             by_hash[digest].twins.append(int(node))
         else:
@@ -334,7 +334,8 @@ def print_table(per_run: list[dict], summary: dict) -> None:
         )
         for a in r["clean_alarms"]:
             print(
-                f"    false alarm: series {a['series']} {a['start']:.0f}-{a['end']:.0f} s ({a['phase']})"
+                f"    false alarm: series {a['series']} "
+                f"{a['start']:.0f}-{a['end']:.0f} s ({a['phase']})"
             )
     print()
     for key, value in summary.items():

@@ -166,7 +166,7 @@ def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -
         [m.time for m in marks if m.kind in ("arch_change", "resume", "restart", "step_change")]
     )
     regime = np.searchsorted(cuts, times, side="right")
-    return np.array([f"{lab}#{r}" for lab, r in zip(labels, regime)], dtype=object)
+    return np.array([f"{lab}#{r}" for lab, r in zip(labels, regime, strict=False)], dtype=object)
 
 
 # -- the level per regime -------------------------------------------------------------------
@@ -194,7 +194,7 @@ def regime_levels(
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Each sample's regime level, and the spread of each regime."""
     dt = _period(times)
-    window = max(3, int(round(settings.window_s / dt)) | 1)
+    window = max(3, round(settings.window_s / dt) | 1)
     level = np.empty(values.shape, float)
     spread: dict[str, float] = {}
     for key in np.unique(keys):
@@ -228,7 +228,7 @@ def _band(
     hi = np.empty_like(expected)
     # Windows are a handful of samples at ~1 Hz: a loop over (left, right) stays cheap, and a
     # sparse table is not worth its code here.
-    for i, (a, b) in enumerate(zip(left, right)):
+    for i, (a, b) in enumerate(zip(left, right, strict=False)):
         lo[i] = lo_src[a:b].min()
         hi[i] = hi_src[a:b].max()
     return lo, hi
@@ -286,7 +286,7 @@ def _and_peer_departure(
     expected = np.empty_like(values)
     slack = np.empty_like(values)
     dt = _period(times)
-    window = max(3, int(round(settings.window_s / dt)) | 1)
+    window = max(3, round(settings.window_s / dt) | 1)
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         r = ratio[idx]
@@ -356,7 +356,7 @@ def _runs(t: np.ndarray, sign: np.ndarray, gap_s: float) -> list[tuple[int, int]
         breaks = np.flatnonzero(np.diff(t[idx]) > gap_s)
         starts = np.concatenate(([0], breaks + 1))
         ends = np.concatenate((breaks, [idx.size - 1]))
-        out += [(int(idx[s]), int(idx[e])) for s, e in zip(starts, ends)]
+        out += [(int(idx[s]), int(idx[e])) for s, e in zip(starts, ends, strict=False)]
     return sorted(out)
 
 
