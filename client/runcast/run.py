@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Union
 
-from runcast import create, lifecycle, transport
+from runcast import create, lifecycle, procinfo, transport
 from runcast.batcher import Event
 from runcast.sender import Sender
 from runcast.settings import Settings, resolve
@@ -266,9 +266,19 @@ def init(
         ),
         "deadline": create.deadline(deadline),
         "session": uuid.uuid4().hex,
+        # So the server can tell this run's GPU processes from everyone else's (docs/gpu.md).
+        "process": _process_registration(),
         "started_at": create.started_at(started_at, now=_time.time()),
     }
     return Run(run_id, resolved, body)
+
+
+def _process_registration() -> dict[str, Any] | None:
+    try:
+        return procinfo.self_registration()
+    except Exception:  # noqa: BLE001 - odd /proc (non-Linux): the run just is not mapped
+        logger.debug("runcast: could not read this process's identity", exc_info=True)
+        return None
 
 
 def _rank() -> int | None:

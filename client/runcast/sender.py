@@ -41,6 +41,7 @@ class Sender(threading.Thread):
         settings: Settings,
         queue: collections.deque,
         on_created: Callable[[dict], None],
+        client: Client | None = None,
     ) -> None:
         super().__init__(name=f"runcast-sender-{run_id[:12]}", daemon=True)
         self.run_id = run_id
@@ -48,7 +49,8 @@ class Sender(threading.Thread):
         self.settings = settings
         self.queue = queue
         self.on_created = on_created
-        self.client = Client(settings)
+        # The host agent passes a client with its own URLs; batching, spool and replay are shared.
+        self.client = client or Client(settings)
         self.spool = spool_mod.SessionSpool.for_session(settings.spool_root(), run_id, session)
         self.batcher = Batcher(session, settings.batch_points, settings.max_body_bytes)
         self.offline = settings.mode == "offline"
