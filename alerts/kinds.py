@@ -80,6 +80,8 @@ RULE_KINDS: tuple[RuleKind, ...] = (
         "alert when the chance of finishing by cutoff minus buffer is below this (0 to 1)",
         _deadline_passes,
     ),
+    RuleKind("gpu_unexplained", "GPU activity no run event explains", (K.GPU_UNEXPLAINED,)),
+    RuleKind("hang", "GPUs busy but no progress (hang)", (K.HANG,), "critical"),
     RuleKind("finished", "Run finished", ("finished",), "info"),
     RuleKind("failed", "Run failed or crashed", ("failed",), "critical"),
 )

@@ -60,6 +60,9 @@ class Flag(models.Model):
         DEADLINE = "deadline", "deadline at risk"
         # Found by the liveness sweep.
         STALLED = "stalled", "stalled or crashed"
+        # Found on the host agent's GPU series (forecasting.gpu_services).
+        GPU_UNEXPLAINED = "gpu_unexplained", "unexplained GPU activity"
+        HANG = "hang", "GPUs busy, no progress"
 
     class State(models.TextChoices):
         RAISED = "raised"

@@ -24,9 +24,7 @@ class Host(models.Model):
     last_seen_at = models.DateTimeField(default=now)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["project", "name"], name="host_unique_name")
-        ]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="host_unique_name")]
 
     def __str__(self) -> str:
         return self.name
@@ -47,9 +45,7 @@ class HostBatch(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(
-                fields=["host", "session", "seq"], name="hostbatch_unique_seq"
-            )
+            models.UniqueConstraint(fields=["host", "session", "seq"], name="hostbatch_unique_seq")
         ]
         # Reading a host's time window (pages, the episode check) walks this index.
         indexes = [models.Index(fields=["host", "t0"], name="hostbatch_time_idx")]

@@ -147,7 +147,9 @@ def host_for_token(*, project: Project, name: str) -> Host:
 def host_series(*, host: Host, t0: float, t1: float, prefix: str = "") -> Series:
     """Every key's points in [t0, t1] (concatenated over batches, time-ordered)."""
     columns: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-    rows = HostBatch.objects.filter(host=host, t0__lte=t1, t1__gte=t0).values_list("data", flat=True)
+    rows = HostBatch.objects.filter(host=host, t0__lte=t1, t1__gte=t0).values_list(
+        "data", flat=True
+    )
     for blob in rows.iterator(chunk_size=500):
         for key, (t, v) in unpack(blob).items():
             if prefix and not key.startswith(prefix):

@@ -347,6 +347,7 @@ class Event(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} at step {self.step}"
 
+
 # GPU telemetry (hosts, agent batches, processes, episodes) lives in its own module.
 from tracker.gpu_models import (  # noqa: E402, F401
     GpuEpisode,

@@ -128,7 +128,7 @@ class Agent:
         if self._ready and self.nvml is not None:
             try:
                 self.nvml.nvmlShutdown()
-            except Exception as exc:  # noqa: BLE001 - a driver error at exit changes nothing
+            except Exception as exc:
                 logger.debug("runcast agent: nvmlShutdown failed: %s", exc)
 
     def run(self, stop: threading.Event, duration: float | None = None) -> None:
@@ -169,7 +169,7 @@ class Agent:
             self.nvml.nvmlInit()
             count = self.nvml.nvmlDeviceGetCount()
             self._handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        except Exception as exc:  # noqa: BLE001 - NVMLError and driver/library load errors alike
+        except Exception as exc:
             self._warn("nvml-init", f"NVML unavailable ({exc}); retrying every minute")
             return False
         self._ready = True
@@ -193,7 +193,7 @@ class Agent:
         assert self.nvml is not None
         try:
             return getattr(self.nvml, name)(*args)
-        except Exception as exc:  # noqa: BLE001 - GPU lost, not supported, process gone
+        except Exception as exc:
             self._warn(f"{index}:{what}:{type(exc).__name__}", f"GPU {index}: {what}: {exc}")
             return None
 
@@ -250,7 +250,7 @@ class Agent:
         last = self._last_ts.get(("util", index), 0)
         try:
             _, samples = nv.nvmlDeviceGetSamples(handle, nv.NVML_GPU_UTILIZATION_SAMPLES, last)
-        except Exception:  # noqa: BLE001 - not supported on this device/driver: use the rates
+        except Exception:
             return []
         out = []
         for sample in samples:
@@ -269,12 +269,14 @@ class Agent:
         last = self._last_ts.get(("proc", index), 0)
         try:
             samples = self.nvml.nvmlDeviceGetProcessUtilization(handle, last)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_FOUND: no sample in the window
+        except Exception:
             samples = []
         for sample in samples:
             pid = int(sample.pid)
             shares[pid] = (float(sample.smUtil), float(sample.memUtil))
-            self._last_ts[("proc", index)] = max(self._last_ts.get(("proc", index), 0), int(sample.timeStamp))
+            self._last_ts[("proc", index)] = max(
+                self._last_ts.get(("proc", index), 0), int(sample.timeStamp)
+            )
         for pid in set(memory) | set(shares):
             if not self._announce(pid, now):
                 continue  # exited between the two reads: nothing to say about it

@@ -133,7 +133,9 @@ def ancestors(pid: int, proc: Path = Path("/proc"), boot: str | None = None) -> 
     return out
 
 
-def describe(pid: int, proc: Path = Path("/proc"), boot: str | None = None) -> dict[str, Any] | None:
+def describe(
+    pid: int, proc: Path = Path("/proc"), boot: str | None = None
+) -> dict[str, Any] | None:
     """Everything the server needs to tell whose process this is; None if it already exited."""
     k = key(pid, proc, boot)
     if k is None:

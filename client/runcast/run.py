@@ -276,7 +276,7 @@ def init(
 def _process_registration() -> dict[str, Any] | None:
     try:
         return procinfo.self_registration()
-    except Exception:  # noqa: BLE001 - odd /proc (non-Linux): the run just is not mapped
+    except Exception:
         logger.debug("runcast: could not read this process's identity", exc_info=True)
         return None
 

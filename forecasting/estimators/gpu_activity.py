@@ -70,6 +70,8 @@ class RunEvents:
 @dataclass(frozen=True)
 class Settings:
     tolerance_s: float = 10.0
+    # Window around point events (checkpoint, eval logged as an instant ...); None: tolerance_s.
+    event_window_s: float | None = None
     min_duration_s: float = 8.0
     # Departing samples this far apart still belong to one episode.
     merge_gap_s: float = 6.0
@@ -337,7 +339,8 @@ def find_episodes(
     peers = peers[order] if peers is not None else None
     ev = events or RunEvents()
     d = departures(t, v, ev, peers, settings)
-    covered = _covered(t, d["marks"], settings.tolerance_s)
+    window = settings.event_window_s
+    covered = _covered(t, d["marks"], settings.tolerance_s if window is None else window)
     episodes = []
     for a, b in _runs(t, np.sign(d["dev"]), settings.merge_gap_s):
         episode = _episode(t, v, d, covered, a, b, settings)
@@ -392,7 +395,8 @@ def _episode(
     labels = d["labels"][seg]
     phase = str(pd.Series(labels).mode().iloc[0])
     kind = "drop" if not up else ("plateau" if end - start > settings.plateau_s else "burst")
-    reason = _reason(d["marks"], start, end, settings.tolerance_s) if explained else ""
+    window = settings.tolerance_s if settings.event_window_s is None else settings.event_window_s
+    reason = _reason(d["marks"], start, end, window) if explained else ""
     detected_at = _confirmation(t[seg][departing], dt, settings.min_duration_s)
     return Episode(
         start=start,

@@ -25,11 +25,11 @@ class NVMLError(Exception):
         self.value = value
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
-class NVMLError_NotFound(NVMLError):  # noqa: N801
+class NVMLError_NotFound(NVMLError):
     pass
 
 
@@ -71,34 +71,34 @@ class FakeNvml:
             raise NVMLError_GpuIsLost(15, "GPU is lost")
         return gpu
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self._count("init")
         if self.missing:
             raise NVMLError(12, "NVML Shared Library Not Found")
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._count("shutdown")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: int) -> str:
         self._gpu(handle)
         return "NVIDIA H100 80GB HBM3 (fake)"
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
         self._gpu(handle)
         return f"GPU-fake-{handle:04d}"
 
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         gpu = self._gpu(handle)
         util = gpu.util(self.clock())
         return SimpleNamespace(gpu=int(util), memory=int(util / 2))
 
-    def nvmlDeviceGetSamples(self, handle: int, kind: int, last: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetSamples(self, handle: int, kind: int, last: int) -> Any:
         gpu = self._gpu(handle)
         if not gpu.sub_second:
             raise NVMLError(3, "Not Supported")
@@ -112,27 +112,27 @@ class FakeNvml:
         ]
         return 0, samples
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
         gpu = self._gpu(handle)
         return SimpleNamespace(used=sum(p.memory for p in gpu.processes), total=80 << 30)
 
-    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
         gpu = self._gpu(handle)
         return int(70_000 + 6_300 * gpu.util(self.clock()))
 
-    def nvmlDeviceGetClockInfo(self, handle: int, kind: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, handle: int, kind: int) -> int:
         self._gpu(handle)
         return 1980
 
-    def nvmlDeviceGetTemperature(self, handle: int, kind: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: int, kind: int) -> int:
         gpu = self._gpu(handle)
         return int(35 + 0.3 * gpu.util(self.clock()))
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
         self._gpu(handle)
         return 0
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         gpu = self._gpu(handle)
         now = self.clock()
         return [
@@ -141,7 +141,7 @@ class FakeNvml:
             if p.sm(now) >= 0
         ]
 
-    def nvmlDeviceGetProcessUtilization(self, handle: int, last: int) -> list[Any]:  # noqa: N802
+    def nvmlDeviceGetProcessUtilization(self, handle: int, last: int) -> list[Any]:
         gpu = self._gpu(handle)
         now = self.clock()
         stamp = int(now * 1e6)

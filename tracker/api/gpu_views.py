@@ -73,7 +73,9 @@ def _process(index: int, payload: dict[str, Any], when: float | None) -> dict[st
     field = f"events[{index}].payload"
     key = payload.get("key")
     if not (isinstance(key, list) and len(key) == 3 and all(isinstance(k, int) for k in key[1:])):
-        raise ServiceError("key must be [boot id, namespace pid, start ticks]", field=f"{field}.key")
+        raise ServiceError(
+            "key must be [boot id, namespace pid, start ticks]", field=f"{field}.key"
+        )
     if not isinstance(payload.get("pid"), int):
         raise ServiceError("pid must be an integer", field=f"{field}.pid")
     ancestors = payload.get("ancestors") or []
