@@ -72,14 +72,14 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
             if not any(_overlap(e, f) for f in found):
                 found.append(e)
                 episodes_gpus.append([gpu])
-    stored = []
+    stored: list[GpuEpisode] = []
     for episode, on in zip(found, episodes_gpus, strict=True):
         # Still growing at the window's end: judge it once it is over (or on a later check).
         if episode.end >= grid[-1] - 2 and not episode.explained and episode.duration_s < 60:
             continue
-        row = _store(host, host_run, episode, on, series, owners)
-        if row is not None:
-            stored.append(row)
+        saved = _store(host, host_run, episode, on, series, owners)
+        if saved is not None:
+            stored.append(saved)
     return stored
 
 
@@ -281,7 +281,7 @@ def _gpu_range(gpus: list[int]) -> str:
     if len(gpus) == 1:
         return f"GPU {gpus[0]}"
     if gpus == list(range(gpus[0], gpus[-1] + 1)):
-        return f"GPUs {gpus[0]}–{gpus[-1]}"
+        return f"GPUs {gpus[0]}\u2013{gpus[-1]}"  # an en dash, as in "GPUs 0-7"
     return "GPUs " + ", ".join(map(str, gpus))
 
 

@@ -50,6 +50,9 @@ class HostBatch(models.Model):
         # Reading a host's time window (pages, the episode check) walks this index.
         indexes = [models.Index(fields=["host", "t0"], name="hostbatch_time_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.host_id} batch {self.seq}"
+
 
 class HostProcess(models.Model):
     """A process seen on a host's GPUs, as the agent described it."""
@@ -73,6 +76,9 @@ class HostProcess(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"pid {self.pid} {self.cmdline[:40]}"
+
 
 class RunProcess(models.Model):
     """A run's own process identity, recorded by the training client at start."""
@@ -92,6 +98,9 @@ class RunProcess(models.Model):
             models.UniqueConstraint(fields=["run", "session"], name="runprocess_unique_session")
         ]
         indexes = [models.Index(fields=["boot_id"], name="runprocess_boot_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} pid {self.ns_pid}"
 
 
 class GpuEpisode(models.Model):
@@ -116,3 +125,6 @@ class GpuEpisode(models.Model):
             models.UniqueConstraint(fields=["host", "start", "kind"], name="gpuepisode_unique")
         ]
         ordering = ["start"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on {self.host_id} at {self.start:.0f}"

@@ -28,7 +28,7 @@ def pack(series: Series) -> bytes:
     return zlib.compress(b"".join(parts), 1)
 
 
-def unpack(blob: bytes) -> Series:
+def unpack(blob: bytes | memoryview) -> Series:
     raw = zlib.decompress(bytes(blob))
     (length,) = struct.unpack_from("<I", raw)
     header = json.loads(raw[4 : 4 + length])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -242,7 +243,7 @@ def departures(
     events: RunEvents,
     peers: np.ndarray | None = None,
     settings: Settings = DEFAULT,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Any]:
     """Per sample: the expected level, the band and the signed departure outside it."""
     labels = phase_labels(times, events.phases)
     marks = list(events.marks) + step_change_marks(events.step_times, events.steps, settings)
@@ -373,7 +374,7 @@ def _covered(t: np.ndarray, marks: Sequence[Mark], tol: float) -> np.ndarray:
 def _episode(
     t: np.ndarray,
     v: np.ndarray,
-    d: dict[str, np.ndarray],
+    d: dict[str, Any],
     covered: np.ndarray,
     a: int,
     b: int,

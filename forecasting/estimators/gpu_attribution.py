@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ def attribute(
     period_s: float = 1.0,
 ) -> Attribution:
     """Sum each process's SM share over the samples, by owner."""
-    own_set = set(own)
+    own_set: set[Any] = set(own)
     result = Attribution()
     for s in samples:
         owner, rid = owner_of(s, own_set, other_runs, run_id)
