@@ -153,14 +153,27 @@ def step_change_marks(
     marks: list[Mark] = []
     i = w
     while i <= per_step.size - w:
-        before = float(np.median(per_step[i - w : i]))
-        after = float(np.median(per_step[i : i + w]))
-        if before > 0 and abs(after - before) / before >= settings.step_change_rel:
-            marks.append(Mark(float(at[i - 1]), "step_change"))
-            i += w
-        else:
+        if _shift(per_step, i, w) < settings.step_change_rel:
             i += 1
+            continue
+        # The first window that sees the shift sees it early (a median flips half-way):
+        # the change is where the shift is largest in the next window.
+        last = min(i + w, per_step.size - w)
+        # Means, not medians, to place it: the median's shift is flat over half a window.
+        best = max(range(i, last + 1), key=lambda j: _mean_shift(per_step, j, w))
+        marks.append(Mark(float(at[best - 1]), "step_change"))
+        i = best + 2 * w
     return marks
+
+
+def _mean_shift(per_step: np.ndarray, i: int, w: int) -> float:
+    return abs(float(per_step[i : i + w].mean()) - float(per_step[i - w : i].mean()))
+
+
+def _shift(per_step: np.ndarray, i: int, w: int) -> float:
+    before = float(np.median(per_step[i - w : i]))
+    after = float(np.median(per_step[i : i + w]))
+    return abs(after - before) / before if before > 0 else 0.0
 
 
 def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -> np.ndarray:
