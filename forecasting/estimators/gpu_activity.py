@@ -82,6 +82,9 @@ class Settings:
     min_rel_spread: float = 0.01
     window_s: float = 900.0
     idle_quantile: float = 0.2
+    # The first seconds of training (compilation, autotuning, the data pipeline filling) and
+    # of a resumed run are the run's own, whatever they look like.
+    warmup_s: float = 30.0
     # An up-episode longer than this is a plateau, not a burst.
     plateau_s: float = 600.0
     # Step-time change points: relative shift in the median step time that splits a regime.
@@ -192,36 +195,58 @@ def _rolling(values: np.ndarray, window: int, quantile: float) -> np.ndarray:
     """Trailing quantile of the regime's earlier samples (what an online detector knows).
 
     Trailing, not centred: a burst of a few minutes is measured against the level before it
-    instead of pulling its own reference up. The first samples of a regime, with too little
-    history, use the regime's first window.
+    instead of pulling its own reference up. NaN (samples already found departing) are left
+    out. The first samples of a regime, with too little history, use the regime's first window.
     """
     series = pd.Series(values)
     roll = series.shift(1).rolling(window, min_periods=1)
     out = np.array(roll.median() if quantile == 0.5 else roll.quantile(quantile), dtype=float)
-    warm = min(values.size, max(3, window // 10))
     head = values[: min(values.size, window)]
+    head = head[np.isfinite(head)]
+    if head.size == 0:
+        head = values[np.isfinite(values)]
+    if head.size == 0:
+        return np.full(values.shape, np.nan)
     first = float(np.median(head) if quantile == 0.5 else np.quantile(head, quantile))
+    warm = min(values.size, max(3, window // 10))
     out[:warm] = first
-    return out
+    return np.array(pd.Series(out).ffill().fillna(first), dtype=float)
 
 
 def regime_levels(
-    times: np.ndarray, values: np.ndarray, keys: np.ndarray, settings: Settings = DEFAULT
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    settings: Settings = DEFAULT,
+    mask: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """Each sample's regime level, and the spread of each regime."""
+    """Each sample's regime level, and the spread of each regime (masked samples left out)."""
     dt = _period(times)
     window = max(3, round(settings.window_s / dt) | 1)
     level = np.empty(values.shape, float)
     spread: dict[str, float] = {}
+    learn = values if mask is None else np.where(mask, np.nan, values)
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         q = settings.idle_quantile if key.split("#")[0] in IDLE_PHASES else 0.5
-        lv = _rolling(values[idx], window, q)
+        lv = _rolling(learn[idx], window, q)
         level[idx] = lv
-        resid = values[idx] - lv
-        mad = float(np.median(np.abs(resid - np.median(resid)))) * 1.4826
-        spread[key] = max(mad, settings.min_rel_spread * abs(float(np.median(lv))))
+        spread[key] = max(noise(learn[idx]), settings.min_rel_spread * abs(float(np.median(lv))))
     return level, spread
+
+
+def noise(values: np.ndarray) -> float:
+    """Sample-to-sample noise: 1.4826 x MAD of first differences / sqrt 2.
+
+    Differences, not residuals from the level: a burst or throttle covering half the data
+    inflates the residuals' MAD (and hides itself), but moves only the two differences at its
+    edges.
+    """
+    finite = values[np.isfinite(values)]
+    if finite.size < 3:
+        return 0.0
+    d = np.diff(finite)
+    return float(np.median(np.abs(d - np.median(d)))) * 1.4826 / np.sqrt(2.0)
 
 
 def _period(times: np.ndarray) -> float:
@@ -257,19 +282,61 @@ def departures(
     peers: np.ndarray | None = None,
     settings: Settings = DEFAULT,
 ) -> dict[str, Any]:
-    """Per sample: the expected level, the band and the signed departure outside it."""
+    """Per sample: the expected level, the band and the signed departure outside it.
+
+    Two passes: the second learns the levels without the samples the first found departing,
+    so a long burst or throttle does not drag the level after it (which would make the return
+    to normal look like an episode of its own).
+    """
     labels = phase_labels(times, events.phases)
     marks = list(events.marks) + step_change_marks(events.step_times, events.steps, settings)
+    marks += _warmups(events, settings)
     keys = _regime_keys(times, labels, marks)
-    level, spread = regime_levels(times, values, keys, settings)
+    use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
+    mask = None
+    for _ in range(2):
+        level, lo, hi, dev = _phase_pass(times, values, keys, labels, settings, mask)
+        if use_peers:
+            assert peers is not None
+            dev = _peer_departure(times, values, peers, keys, settings, mask)
+        mask = _dilate(dev != 0, 2)
+    return {"level": level, "lo": lo, "hi": hi, "dev": dev, "labels": labels, "marks": marks}
+
+
+def _warmups(events: RunEvents, settings: Settings) -> list[Mark]:
+    """A covered window after training starts (the first train phase) and after each resume."""
+    trains = [p.start for p in events.phases if p.kind == "train"]
+    starts = [min(trains)] if trains else []
+    starts += [m.time for m in events.marks if m.kind in ("resume", "restart")]
+    # A mark at the end of the warm-up covering it (the window's tolerance adds the rest).
+    return [Mark(t + settings.warmup_s, "warmup", before_s=settings.warmup_s) for t in starts]
+
+
+def _dilate(mask: np.ndarray, n: int) -> np.ndarray:
+    out = mask.copy()
+    for k in range(1, n + 1):
+        out[k:] |= mask[:-k]
+        out[:-k] |= mask[k:]
+    return out
+
+
+def _phase_pass(
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    labels: np.ndarray,
+    settings: Settings,
+    mask: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
     lo, hi = _band(times, level, slack, settings.tolerance_s)
     hi = _idle_reaches_setup(labels, level, slack, hi)
+    # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
+    lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    if peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size:
-        dev = _and_peer_departure(times, values, peers, keys, dev, settings)
-    return {"level": level, "lo": lo, "hi": hi, "dev": dev, "labels": labels, "marks": marks}
+    return level, lo, hi, dev
 
 
 def _idle_reaches_setup(
@@ -288,44 +355,40 @@ def _idle_reaches_setup(
     return np.where(idle, np.maximum(hi, ceiling), hi)
 
 
-def _and_peer_departure(
+def _peer_departure(
     times: np.ndarray,
     values: np.ndarray,
     peers: np.ndarray,
     keys: np.ndarray,
-    dev: np.ndarray,
     settings: Settings,
+    mask: np.ndarray | None,
 ) -> np.ndarray:
-    """Keep a departure only where the sample also departs from its peers' same-time level."""
+    """Departure from the peers' same-time level times this series' usual ratio to them.
+
+    Peers are the sharper reference: the run's intra-step swings and its phases move them in
+    step, so they cancel; only what happens on this series alone remains.
+    """
     filled = pd.Series(peers).interpolate(limit_direction="both").to_numpy(dtype=float)
     ratio = values / np.where(filled == 0, np.nan, filled)
+    learn = ratio if mask is None else np.where(mask, np.nan, ratio)
     expected = np.empty_like(values)
     slack = np.empty_like(values)
     dt = _period(times)
     window = max(3, round(settings.window_s / dt) | 1)
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
-        r = ratio[idx]
-        r = _rolling(np.where(np.isfinite(r), r, np.nanmedian(r)), window, 0.5)
+        r = _rolling(learn[idx], window, 0.5)
         exp = filled[idx] * r
-        resid = values[idx] - exp
-        finite = resid[np.isfinite(resid)]
-        mad = float(np.median(np.abs(finite - np.median(finite)))) * 1.4826 if finite.size else 0.0
+        # The noise of this series against its peers (what the peers do not share).
+        mad = noise(values[idx] - filled[idx] * float(np.nanmedian(learn[idx])))
+        floor = settings.min_rel_spread * float(np.nanmedian(np.abs(exp)))
         expected[idx] = exp
-        slack[idx] = np.maximum(
-            settings.z * max(mad, settings.min_rel_spread * np.nanmedian(np.abs(exp))),
-            settings.rel * np.abs(exp),
-        )
+        slack[idx] = np.maximum(settings.z * max(mad, floor), settings.rel * np.abs(exp))
     expected = np.where(np.isfinite(expected), expected, values)
     slack = np.where(np.isfinite(slack), slack, np.inf)
     # Peers are read at slightly different instants: one sampling period of alignment jitter.
     lo, hi = _band(times, expected, slack, 1.01 * dt)
-    peer_dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    # Peers are the sharper reference: the run's intra-step swings and its phases move them in
-    # step, so they cancel. The phase band is kept as a floor against a peer-wide drift only
-    # where it is itself tight (no phase boundary nearby).
-    del dev
-    return peer_dev
+    return np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
 
 
 # -- episodes -------------------------------------------------------------------------------
