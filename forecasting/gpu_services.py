@@ -333,11 +333,18 @@ def recently_seen_host_ids(minutes: int = 10) -> list[int]:
 # -- the host page's read model -------------------------------------------------------------
 
 HEAT_COLUMNS = 120
+COARSE_AFTER_S = 3 * 3600.0
 
 
 def host_view(*, host: Host, t0: float, t1: float) -> dict[str, Any]:
     """GPU x time heat map cells, the run events on the same axis, processes, episodes."""
-    util = _per_second(store.host_series(host=host, t0=t0, t1=t1, prefix="gpu/"))
+    if t1 - t0 > COARSE_AFTER_S:
+        # Long windows from the batches' per-GPU summaries, not from every point.
+        util = {
+            g: (t, m) for g, (t, m, _) in store.host_util_summary(host=host, t0=t0, t1=t1).items()
+        }
+    else:
+        util = _per_second(store.host_series(host=host, t0=t0, t1=t1, prefix="gpu/"))
     width = (t1 - t0) / HEAT_COLUMNS
     rows = []
     for gpu in sorted(util):

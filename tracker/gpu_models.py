@@ -41,6 +41,8 @@ class HostBatch(models.Model):
     keys = models.JSONField(default=list)
     # zlib(JSON header + float64 columns): see tracker.gpu_services.pack.
     data = models.BinaryField()
+    # Per GPU [mean, max] utilisation of the batch (tracker.gpu_services.util_summary).
+    summary = models.JSONField(default=dict)
     received_at = models.DateTimeField(default=now)
 
     class Meta:
