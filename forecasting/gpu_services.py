@@ -393,3 +393,27 @@ def host_view(*, host: Host, t0: float, t1: float) -> dict[str, Any]:
         "t0": t0,
         "t1": t1,
     }
+
+
+def run_gpu_hours(*, run: Run, now: float | None = None) -> dict[str, Any] | None:
+    """GPU-hours on the run's hosts during the run: its own processes, other runs', unknown.
+
+    From the batches' per-pid SM sums: 100 SM-percent-seconds is one GPU-second. None when no
+    agent reported from the run's hosts.
+    """
+    t0 = run.started_at.timestamp()
+    t1 = run.ended_at.timestamp() if run.ended_at else (now or timezone.now().timestamp())
+    boots = set(RunProcess.objects.filter(run=run).values_list("boot_id", flat=True))
+    hosts = list(Host.objects.filter(project=run.project_id, boot_id__in=boots - {""}))
+    if not hosts:
+        return None
+    hours = {"run": 0.0, "other_runs": 0.0, "unknown": 0.0}
+    for host in hosts:
+        runs = _runs_on(host)
+        ordered = [r for r in runs if r.run.pk == run.pk] + [r for r in runs if r.run.pk != run.pk]
+        owners = _owners(host, ordered)
+        for pid, amount in store.host_sm_by_pid(host=host, t0=t0, t1=t1).items():
+            owner = owners.get(pid, ("unknown", None, None))[0]
+            bucket = {"run": "run", "other_run": "other_runs"}.get(owner, "unknown")
+            hours[bucket] += amount / 100.0 / 3600.0
+    return {"hours": hours, "hosts": [h.name for h in hosts]}

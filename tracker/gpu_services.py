@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,15 +45,21 @@ def unpack(blob: bytes | memoryview, prefix: str = "") -> Series:
     return out
 
 
-def util_summary(series: Series) -> dict[str, list[float]]:
-    """Per GPU: [mean, max] utilisation over the batch, for coarse views (a host-day heat map
-    reads these 8,640 small rows instead of unpacking every point)."""
-    out = {}
+def util_summary(series: Series) -> dict[str, dict[str, Any]]:
+    """Per GPU [mean, max] utilisation and per pid SM-percent-seconds over the batch, for
+    coarse views and costs (a host-day reads these 8,640 small rows, not every point)."""
+    util: dict[str, list[float]] = {}
+    sm: dict[str, float] = defaultdict(float)
     for key, (_t, v) in series.items():
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "gpu" and parts[2] == "util" and v.size:
-            out[parts[1]] = [round(float(v.mean()), 2), round(float(v.max()), 2)]
-    return out
+        if not v.size or parts[0] != "gpu":
+            continue
+        if len(parts) == 3 and parts[2] == "util":
+            util[parts[1]] = [round(float(v.mean()), 2), round(float(v.max()), 2)]
+        elif len(parts) == 5 and parts[2] == "proc" and parts[4] == "sm":
+            # One sample per second: the sum is SM-percent-seconds.
+            sm[parts[3]] += round(float(np.clip(v, 0, 100).sum()), 1)
+    return {"util": util, "sm": dict(sm)}
 
 
 def host_register(
@@ -186,7 +193,7 @@ def host_util_summary(
     rows = HostBatch.objects.filter(host=host, t0__lte=t1, t1__gte=t0).order_by("t0")
     acc: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for b0, b1, summary in rows.values_list("t0", "t1", "summary").iterator(chunk_size=2000):
-        for gpu, (mean, peak) in summary.items():
+        for gpu, (mean, peak) in summary.get("util", {}).items():
             times, means, peaks = acc.setdefault(int(gpu), ([], [], []))
             times.append((b0 + b1) / 2)
             means.append(mean)
@@ -208,3 +215,13 @@ def check_series(series: dict[str, Any], field: str = "metrics") -> Series:
             raise ServiceError("times must be epoch seconds", field=f"{field}.{key}.times")
         out[key] = (t, v)
     return out
+
+
+def host_sm_by_pid(*, host: Host, t0: float, t1: float) -> dict[int, float]:
+    """SM-percent-seconds per pid on the host's GPUs in [t0, t1], from the batch summaries."""
+    totals: dict[int, float] = defaultdict(float)
+    rows = HostBatch.objects.filter(host=host, t0__lte=t1, t1__gte=t0)
+    for summary in rows.values_list("summary", flat=True).iterator(chunk_size=2000):
+        for pid, amount in summary.get("sm", {}).items():
+            totals[int(pid)] += amount
+    return dict(totals)

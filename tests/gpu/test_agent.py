@@ -256,3 +256,28 @@ def test_the_host_page_checks_project_access(
     http = HttpClient()
     http.force_login(outsider)
     assert http.get("/hosts/gpus/node-2/").status_code == 404
+
+
+def test_the_fake_nvml_only_uses_what_the_real_bindings_have() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    from tests.client import fake_nvml
+
+    names = [n for n in dir(fake_nvml.FakeNvml) if n.startswith(("nvml", "NVML_"))]
+    assert names and [n for n in names if not hasattr(pynvml, n)] == []
+
+
+def test_with_the_real_bindings_and_no_driver_it_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pytest.skip("this machine has a working NVIDIA driver")
+    agent = Agent(settings_for(None, tmp_path), nvml=pynvml, host="n1")
+    with caplog.at_level(logging.WARNING, logger="runcast"):
+        agent.sample(1_800_000_000.0)
+    assert not queued(agent)
+    assert any("NVML unavailable" in r.message for r in caplog.records)

@@ -21,11 +21,11 @@ from runcast.settings import Settings
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from forecasting import tasks
+from forecasting import gpu_services, tasks
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink
 from tests.client.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tracker.models import ApiToken, GpuEpisode, Host, Membership, Project
+from tracker.models import ApiToken, GpuEpisode, Host, Membership, Project, Run
 from tracker.services import token_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -157,3 +157,14 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     assert "sweep.py" in html
     assert html.count('class="episode unexplained"') == 1
     assert 'class="event-tick"' in html
+    # The run page's cost line splits the measured GPU time: the run's own vs the stranger's.
+    run_page = browser.get(reverse("dashboard:run-summary", args=["hpc", "pretrain-7b"]))
+    text = run_page.content.decode()
+    assert "measured on its GPUs" in text and "node-3" in text
+    split = gpu_services.run_gpu_hours(run=Run.objects.get(public_id="pretrain-7b"))
+    assert split is not None
+    hours = split["hours"]
+    expected_run = GPUS * SPAN_S * (TRAIN_SM + 0.9) / 100 / 3600
+    assert hours["run"] == pytest.approx(expected_run, rel=0.1)
+    expected_foreign = GPUS * (FOREIGN[1] - FOREIGN[0]) * EXTRA / 100 / 3600
+    assert hours["unknown"] == pytest.approx(expected_foreign, rel=0.1)
