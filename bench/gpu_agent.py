@@ -69,7 +69,7 @@ def worker(url: str, seconds: float, gpus: int, procs: int, idle: bool) -> None:
             for _ in range(gpus)
         ]
     )
-    settings = Settings(url=url, token="rc_bench_x", dir=Path("/tmp/runcast-bench-agent"))
+    settings = Settings(url=url, token="rc_bench_x", dir=Path("/tmp/runcast-bench-agent"))  # noqa: S106
     settings.flush_interval = 10.0
     agent = Agent(settings, nvml=fake, host="bench-host")
     agent.start()
@@ -80,7 +80,7 @@ def worker(url: str, seconds: float, gpus: int, procs: int, idle: bool) -> None:
 def measure(url: str, seconds: float, gpus: int, procs: int, idle: bool) -> dict[str, float]:
     cmd = [sys.executable, "-m", "bench.gpu_agent", "--worker", url, "--seconds", str(seconds)]
     cmd += ["--gpus", str(gpus), "--procs", str(procs)] + (["--idle"] if idle else [])
-    child = subprocess.Popen(cmd, cwd=ROOT)  # noqa: S603
+    child = subprocess.Popen(cmd, cwd=ROOT)
     peak = 0
     ticks = os.sysconf("SC_CLK_TCK")
     cpu = 0.0

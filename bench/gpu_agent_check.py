@@ -49,11 +49,11 @@ def preflight(gpu: int) -> str | None:
     try:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
-    except Exception as exc:  # noqa: BLE001 - any NVML failure means: no usable driver here
+    except Exception as exc:
         return f"NVML did not start ({exc}); no NVIDIA driver or GPU on this machine"
     if gpu >= count:
         return f"GPU {gpu} asked for, {count} present"
-    probe = subprocess.run(  # noqa: S603
+    probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
         capture_output=True,
         text=True,
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server, bodies = sink()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    settings = Settings(url=url, token="rc_check_x", dir=Path("/tmp/runcast-gpu-agent-check"))
+    settings = Settings(url=url, token="rc_check_x", dir=Path("/tmp/runcast-gpu-agent-check"))  # noqa: S106
     agent = Agent(settings, host="gpu-agent-check")
     agent.start()
     stop = threading.Event()
@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     sampler.start()
     time.sleep(args.load_at)
-    load = subprocess.Popen(  # noqa: S603
-        [sys.executable, "-c", LOAD, str(args.gpu), str(args.load_for)]
-    )
+    load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.gpu), str(args.load_for)])
     started = time.time() - t0
     load.wait()
     stopped = time.time() - t0

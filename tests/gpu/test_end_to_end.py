@@ -114,7 +114,12 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
 
     # The training process registers its identity at init (this very process).
     run = runcast.init(
-        project="hpc", id="pretrain-7b", total_steps=10_000, settings=settings, started_at=start
+        project="hpc",
+        id="pretrain-7b",
+        total_steps=10_000,
+        settings=settings,
+        started_at=start,
+        world_size=GPUS,
     )
     agent = Agent(settings, nvml=nvml, host="node-3", interval=0.0)
     agent.start()
