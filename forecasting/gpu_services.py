@@ -27,6 +27,7 @@ from forecasting.estimators.formatting import span, when
 from forecasting.models import Flag
 from tracker import gpu_services as store
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run, RunProcess
+from tracker.selectors import loss_key_for, series_keys, series_load
 
 LOOKBACK_S = 1800.0
 # Runcast events are instants (an eval logged when it ran): activity within this of one is the
@@ -72,6 +73,7 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
             if not any(_overlap(e, f) for f in found):
                 found.append(e)
                 episodes_gpus.append([gpu])
+    _check_hang(host, host_run.run, grid, mean, gpus)
     stored: list[GpuEpisode] = []
     for episode, on in zip(found, episodes_gpus, strict=True):
         # Still growing at the window's end: judge it once it is over (or on a later check).
@@ -81,6 +83,56 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
         if saved is not None:
             stored.append(saved)
     return stored
+
+
+# -- hang -----------------------------------------------------------------------------------
+
+# Below this mean utilisation the GPUs are not "busy": a silent run on idle GPUs is the liveness
+# sweep's stall, not a hang.
+BUSY_FLOOR = 20.0
+
+
+def _check_hang(
+    host: Host, run: Run, grid: np.ndarray, mean: np.ndarray, gpus: list[int]
+) -> Flag | None:
+    """Raise `hang` once per silent stretch: busy GPUs, no step or event for many step times."""
+    if not run.is_active:
+        return None
+    keys = series_keys(run=run)
+    key = loss_key_for(keys) or (keys[0] if keys else None)
+    if key is None:
+        return None
+    points = series_load(run=run, key=key)
+    events = _run_events(run, float(grid[0]) - LOOKBACK_S, float(grid[-1]))
+    events.step_times, events.steps = points.times, points.steps.astype(float)
+    busy = max(float(np.nanpercentile(mean, 75)), BUSY_FLOOR)
+    hang = ga.find_hang(grid, mean, events, busy_level=busy, now=float(grid[-1]))
+    if hang is None:
+        return None
+    last = Flag.objects.filter(run=run, kind=Flag.Kind.HANG).first()
+    if last is not None and last.data.get("since") == hang.start:
+        return None  # this stretch was flagged already
+    step = int(points.steps.max()) if len(points) else None
+    text = (
+        f"{_gpu_range(gpus)} on {host.name} busy at {hang.observed:.0f}% while the run has made"
+        f" no progress (step {step}) for {span(hang.end - hang.start)}; {hang.reason}."
+        " A hang (a deadlocked collective, like BLOOM-176B's eval) burns the GPUs until killed."
+    )
+    return Flag.objects.create(
+        run=run,
+        kind=Flag.Kind.HANG,
+        state=Flag.State.RAISED,
+        previous_state=last.state if last else "",
+        severity=hang.end - hang.start,
+        explanation=text,
+        onset_step=step,
+        data={
+            "since": hang.start,
+            "host": host.name,
+            "gpus": gpus,
+            "silent_s": hang.end - hang.start,
+        },
+    )
 
 
 # -- inputs ---------------------------------------------------------------------------------
