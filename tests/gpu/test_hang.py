@@ -66,7 +66,7 @@ def test_busy_gpus_and_a_frozen_step_raise_one_hang(project: Project) -> None:
     hangs = Flag.objects.filter(run=run, kind=Flag.Kind.HANG)
     assert hangs.count() == 1
     text = hangs.get().explanation
-    assert "GPUs 0–3 on n1 busy at 98%" in text and "no progress" in text
+    assert "GPUs 0\u20133 on n1 busy at 98%" in text and "no progress" in text
 
 
 def test_a_run_still_stepping_is_no_hang(project: Project) -> None:
