@@ -12,11 +12,14 @@ from __future__ import annotations
 from django.db import models
 from django.utils.timezone import now
 
-from tracker.models import Project, Run
+# Models referred to by name: tracker.models imports this module, so importing it back would
+# make a cycle (tests/test_architecture.py).
+PROJECT = "tracker.Project"
+RUN = "tracker.Run"
 
 
 class Host(models.Model):
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="gpu_hosts")
+    project = models.ForeignKey(PROJECT, on_delete=models.CASCADE, related_name="gpu_hosts")
     name = models.CharField(max_length=200)
     boot_id = models.CharField(max_length=64, blank=True)
     gpus = models.JSONField(default=list, blank=True)
@@ -85,7 +88,7 @@ class HostProcess(models.Model):
 class RunProcess(models.Model):
     """A run's own process identity, recorded by the training client at start."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gpu_processes")
+    run = models.ForeignKey(RUN, on_delete=models.CASCADE, related_name="gpu_processes")
     session = models.CharField(max_length=64)
     host = models.CharField(max_length=200, blank=True)
     boot_id = models.CharField(max_length=64, blank=True)
@@ -109,7 +112,7 @@ class GpuEpisode(models.Model):
     """A departure of a host's GPU activity from its run's normal, explained or not."""
 
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="episodes")
-    run = models.ForeignKey(Run, null=True, on_delete=models.SET_NULL, related_name="gpu_episodes")
+    run = models.ForeignKey(RUN, null=True, on_delete=models.SET_NULL, related_name="gpu_episodes")
     gpus = models.JSONField(default=list)
     start = models.FloatField()
     end = models.FloatField()

@@ -122,16 +122,18 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
         world_size=GPUS,
     )
     agent = Agent(settings, nvml=nvml, host="node-3", interval=0.0)
-    agent.start()
     for second in range(SPAN_S):
         clock.now = start + second
-        agent.sample(clock.now)
+        agent.sample(clock.now)  # queued; its sender starts below
         if second % 10 == 0:
             run.log({"loss": 3.0 - second * 1e-3}, step=second, time=clock.now)
     # The run logs its eval as it ends, with its duration: the eval burst is the run's own.
     run.event("eval", step=SPAN_S, duration_s=EVAL[1] - EVAL[0])
     run.finish()
-    agent.close()
+    # The agent's sender runs after the run's has finished: the test database is SQLite's shared
+    # in-memory one, which does not take two writers at once (PostgreSQL, in CI, would).
+    agent.start()
+    agent.close(timeout=20.0)
 
     host = Host.objects.get(project=project, name="node-3")
     tasks.sweep_gpu_hosts()
