@@ -4,4 +4,4 @@ WORKDIR /app
 COPY . .
 RUN pip install --no-cache-dir . ./client && python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["gunicorn", "config.wsgi", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "config.wsgi", "--bind", "0.0.0.0:8000", "--workers", "2", "--threads", "8", "--preload"]

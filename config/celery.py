@@ -61,6 +61,19 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 55},
     },
+    # Retention (docs/deployment.md#retention): thin forecasts older than the full-history window
+    # and drop the flags' old working rows; delete ingest-batch rows past the dedupe window. Hourly
+    # so each pass is small; a pass stops at its time budget and the next one continues.
+    "thin-forecasts": {
+        "task": "forecasting.tasks.forecasts_thin",
+        "schedule": 3600.0,
+        "options": {"expires": 3300},
+    },
+    "thin-ingest-batches": {
+        "task": "tracker.tasks.batches_thin",
+        "schedule": 3600.0,
+        "options": {"expires": 3300},
+    },
     # The daily digest to project owners. Hourly, because "08:00" is per project timezone; a
     # Digest row per (project, local day) makes the other 23 ticks no-ops.
     "send-alert-digests": {

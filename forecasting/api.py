@@ -51,8 +51,9 @@ class RunForecastOut(Schema):
     summary="Current forecasts and open flags",
 )
 def run_forecast(request: HttpRequest, run_id: str) -> RunForecastOut:
-    """Finish-time percentiles are epoch seconds; `eta_history` is every ETA forecast
-    as (computed at, P10, P50, P90)."""
+    """Finish-time percentiles are epoch seconds; `eta_history` is the newest 5,000 ETA
+    forecasts as (computed at, P10, P50, P90): every one of the last week, one per hour
+    before that (retention)."""
     token = require_scope(request, ApiToken.Scope.READ)
     run = run_for_token(token=token, run_id=run_id)
     forecasts = selectors.forecasts_latest(run=run)

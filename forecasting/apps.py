@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class ForecastingConfig(AppConfig):
@@ -10,3 +11,8 @@ class ForecastingConfig(AppConfig):
     def ready(self) -> None:
         # Subscribe to tracker's write-path signals (tracker never imports forecasting).
         from forecasting import receivers  # noqa: F401
+
+        if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+            # Tasks run inside this process (the test settings): load their stack now, as a
+            # worker does before forking, not inside the first request that enqueues one.
+            from forecasting import services  # noqa: F401

@@ -15,13 +15,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from forecasting.estimators import gpu_activity as ga
 from forecasting.estimators import gpu_attribution as gattr
 from forecasting.estimators.formatting import span, when
 from forecasting.models import Flag
@@ -29,11 +28,29 @@ from tracker import gpu_services as store
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run, RunProcess
 from tracker.selectors import loss_key_for, series_keys, series_load
 
+if TYPE_CHECKING:
+    # gpu_activity pulls in pandas: the pages (host view, run cost) must not (tests/
+    # test_web_imports.py); only the check, in the Celery worker, imports it.
+    from forecasting.estimators import gpu_activity as ga
+
 LOOKBACK_S = 1800.0
 # Runcast events are instants (an eval logged when it ran): activity within this of one is the
 # run's. The message quotes it.
 EVENT_WINDOW_S = 60.0
-SETTINGS = ga.Settings(tolerance_s=5.0, event_window_s=EVENT_WINDOW_S, rel=0.1)
+# The estimator's settings on the server (forecasting.estimators.gpu_activity.Settings).
+SETTINGS_OVERRIDES: dict[str, float] = {
+    "tolerance_s": 5.0,
+    "event_window_s": EVENT_WINDOW_S,
+    "rel": 0.1,
+}
+
+
+def _ga() -> Any:
+    from forecasting.estimators import gpu_activity
+
+    return gpu_activity
+
+
 _UTIL = re.compile(r"^gpu/(\d+)/util$")
 _PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
 
@@ -60,16 +77,18 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
     gpus = sorted(util)
     grid, matrix = _grid(util, gpus)
     events = _run_events(host_run.run, grid[0], grid[-1])
+    est = _ga()
+    settings = est.Settings(**SETTINGS_OVERRIDES)
     found: list[ga.Episode] = []
     episodes_gpus: list[list[int]] = []
     mean = np.nanmean(matrix, axis=0)
-    for e in ga.find_episodes(grid, mean, events, settings=SETTINGS):
+    for e in est.find_episodes(grid, mean, events, settings=settings):
         found.append(e)
         episodes_gpus.append(_gpus_in(matrix, gpus, e))
     for row, gpu in enumerate(gpus):
         others = np.delete(matrix, row, axis=0)
         peers = np.nanmedian(others, axis=0) if others.shape[0] >= 2 else None
-        for e in ga.find_episodes(grid, matrix[row], events, peers=peers, settings=SETTINGS):
+        for e in est.find_episodes(grid, matrix[row], events, peers=peers, settings=settings):
             if not any(_overlap(e, f) for f in found):
                 found.append(e)
                 episodes_gpus.append([gpu])
@@ -106,7 +125,7 @@ def _check_hang(
     events = _run_events(run, float(grid[0]) - LOOKBACK_S, float(grid[-1]))
     events.step_times, events.steps = points.times, points.steps.astype(float)
     busy = max(float(np.nanpercentile(mean, 75)), BUSY_FLOOR)
-    hang = ga.find_hang(grid, mean, events, busy_level=busy, now=float(grid[-1]))
+    hang = _ga().find_hang(grid, mean, events, busy_level=busy, now=float(grid[-1]))
     if hang is None:
         return None
     last = Flag.objects.filter(run=run, kind=Flag.Kind.HANG).first()
@@ -200,6 +219,7 @@ def _owners(host: Host, runs: list[HostRun]) -> dict[int, tuple[str, str | None,
 
 
 def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
+    est = _ga()
     start = run.started_at.timestamp()
     end = run.ended_at.timestamp() if run.ended_at else t1 + 1.0
     marks = []
@@ -208,8 +228,9 @@ def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
     for event in Event.objects.filter(run=run, time__gte=lo, time__lte=hi):
         duration = event.payload.get("duration_s") if isinstance(event.payload, dict) else None
         before = float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
-        marks.append(ga.Mark(event.time.timestamp(), event.kind, before_s=before))
-    return ga.RunEvents(phases=[ga.Phase(start, end, "train")], marks=marks)
+        marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=before))
+    result: ga.RunEvents = est.RunEvents(phases=[est.Phase(start, end, "train")], marks=marks)
+    return result
 
 
 def _gpus_in(matrix: np.ndarray, gpus: list[int], e: ga.Episode) -> list[int]:

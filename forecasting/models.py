@@ -1,4 +1,5 @@
-"""Forecasts (every one kept, for ETA history and slip) and flags (state changes as rows)."""
+"""Forecasts (full history for a week, hourly before: forecasting/retention.py) and flags
+(state changes as rows, all kept)."""
 
 from __future__ import annotations
 

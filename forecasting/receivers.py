@@ -6,9 +6,8 @@ from typing import Any
 
 from django.dispatch import receiver
 
-# Imported here, at app start, not lazily in the receivers: the tasks pull in the services and
-# with them scipy and pandas (about a second), which would otherwise stall the first batch each
-# web worker receives.
+# Cheap: forecasting.tasks imports the forecasting stack (scipy, pandas) only inside its tasks,
+# so a web worker that only enqueues never loads it (see forecasting/tasks.py).
 from forecasting.tasks import forecast_enqueue
 from tracker.signals import run_finished, run_ingested
 

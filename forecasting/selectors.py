@@ -23,7 +23,7 @@ MOVE_WINDOW = timedelta(hours=24)
 
 def forecast_latest(*, run: Run, kind: str) -> Forecast | None:
     # The (run, kind, computed_at) index answers this without reading the run's history:
-    # every forecast is kept, ~170k rows for a month-long run.
+    # a run keeps ~40k forecasts of each kind (a week in full, then hourly: retention.py).
     return Forecast.objects.filter(run=run, kind=kind).order_by("-computed_at", "-id").first()
 
 

@@ -6,10 +6,18 @@ call `forecast_enqueue`.
 
 from __future__ import annotations
 
-from celery import shared_task
-from django.core.cache import cache
+from typing import Any
 
-from forecasting import selectors, services
+from celery import shared_task
+from celery.signals import worker_init
+from django.core.cache import cache
+from django.utils import timezone
+
+from forecasting import retention, selectors
+
+# `forecasting.services` (the estimators: scipy, pandas, statsmodels; ~100 MB per process) is
+# imported inside the tasks, not here: web workers import this module to enqueue and must not
+# carry the forecasting stack they never run (tests/test_memory.py keeps it that way).
 
 # A run sends a batch every second or so; forecasting each would be waste. One forecast per
 # run per interval, computed after the interval so it sees everything that arrived meanwhile.
@@ -36,12 +44,16 @@ def forecast_enqueue(*, run_id: int, immediate: bool = False) -> bool:
 def forecast_run(run_id: int) -> None:
     # Clear the debounce marker first: data arriving during this computation schedules the next.
     cache.delete(_pending_key(run_id))
+    from forecasting import services
+
     services.forecast_compute(run_id=run_id)
 
 
 @shared_task(soft_time_limit=50, time_limit=55)
 def sweep_active_runs() -> None:
     """Beat: liveness for every active run, and a forecast for each (the queue is only a hint)."""
+    from forecasting import services
+
     services.server_tick()
     for run_id in selectors.active_run_ids():
         services.run_check_liveness(run_id=run_id)
@@ -59,3 +71,17 @@ def sweep_gpu_hosts() -> None:
 
     for host_id in gpu_services.recently_seen_host_ids():
         gpu_services.gpu_check_host(host_id=host_id)
+
+
+@shared_task(soft_time_limit=120, time_limit=150)
+def forecasts_thin() -> None:
+    """Beat: thin old forecasts and drop old CONDITIONS rows (forecasting/retention.py)."""
+    retention.forecasts_thin(now=timezone.now(), budget_s=90.0)
+
+
+@worker_init.connect
+def _preload_forecasting(**kwargs: Any) -> None:
+    # In a Celery worker the stack is wanted: import it once in the parent before the pool
+    # forks, so every prefork child shares those pages (copy-on-write) instead of importing its
+    # own copy, and no child's first forecast waits a second for the imports.
+    from forecasting import services  # noqa: F401

@@ -249,6 +249,9 @@ class RunSegment(models.Model):
     # First progress step logged in this segment and the furthest step of the one before.
     first_step = models.BigIntegerField(null=True, blank=True)
     previous_last_step = models.BigIntegerField(null=True, blank=True)
+    # Retention deletes old batch rows (tracker.retention): the highest seq of this session it
+    # deleted. A batch at or below it was stored already, so dedupe outlives the rows.
+    seq_floor = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -268,7 +271,11 @@ class RunSegment(models.Model):
 
 
 class IngestBatch(models.Model):
-    """One accepted batch. Its (run, session, seq) key makes a retried batch change nothing."""
+    """One accepted batch. Its (run, session, seq) key makes a retried batch change nothing.
+
+    Rows older than RUNCAST_BATCH_KEEP_DAYS are deleted by retention; their session's
+    `RunSegment.seq_floor` keeps answering replays of them as duplicates.
+    """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batches")
     session = models.CharField(max_length=64)
@@ -297,7 +304,10 @@ class MetricChunk(models.Model):
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="chunks")
-    batch = models.ForeignKey(IngestBatch, on_delete=models.CASCADE, related_name="chunks")
+    # Null once retention has deleted the batch row (tracker.retention): the points stay.
+    batch = models.ForeignKey(
+        IngestBatch, null=True, blank=True, on_delete=models.SET_NULL, related_name="chunks"
+    )
     key = models.CharField(max_length=200)
     segment = models.PositiveIntegerField()
     n = models.PositiveIntegerField()
@@ -337,7 +347,7 @@ class Event(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     batch = models.ForeignKey(
-        IngestBatch, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        IngestBatch, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
     kind = models.CharField(max_length=32, choices=Kind.choices)
     step = models.BigIntegerField(null=True, blank=True)

@@ -234,15 +234,24 @@ def batch_ingest(
                 run=run, session=session, seq=seq, points=points, heartbeat_at=heartbeat
             )
             segment = _segment_for_session(run=run, session=session)
+            if segment.seq_floor is not None and seq <= segment.seq_floor:
+                # Stored long ago; retention has deleted its row (tracker.retention).
+                raise _AlreadyStored
             _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
             _events_store(run=run, batch=batch, segment=segment.number, events=events)
             _run_touch(run=run, segment=segment, series=series, points=points)
             transaction.on_commit(lambda: _notify(run_ingested, run.pk))
+    except _AlreadyStored:
+        return IngestResult(accepted=0, duplicate=True)
     except IntegrityError:
         if IngestBatch.objects.filter(run=run, session=session, seq=seq).exists():
             return IngestResult(accepted=0, duplicate=True)
         raise
     return IngestResult(accepted=points, duplicate=False)
+
+
+class _AlreadyStored(Exception):
+    """Rolls back a batch whose key lies under its session's retention floor."""
 
 
 def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[SeriesIn]) -> None:

@@ -67,6 +67,9 @@ class Sender(threading.Thread):
         self._outage_logged = False
         self._spool_error_logged = False
         self._drop_logged = False
+        self._cap_logged = False
+        self._spool_dropped = 0
+        self._spool_dropped_bytes = 0
         self._received = 0
         self._max_n = -1
         self._points_sent = 0
@@ -109,6 +112,9 @@ class Sender(threading.Thread):
             "batches_duplicate": counters.batches_duplicate,
             "batches_dropped": counters.batches_dropped,
             "batches_spooled": self._spooled_batches,
+            # Spooled batches deleted, oldest first, to keep the spool under max_spool_bytes.
+            "batches_spool_dropped": self._spool_dropped,
+            "bytes_spool_dropped": self._spool_dropped_bytes,
             "files_replayed": counters.files_replayed,
             "retries": counters.retries,
             "queued": len(self.queue),
@@ -316,6 +322,8 @@ class Sender(threading.Thread):
             if not self._claimed:
                 self.spool.claim(self.run_id, self.session, self.settings.url)
                 self._claimed = True
+            if not self._make_room(name, len(body)):
+                return False
             self.spool.write(name, body)
         except OSError as exc:
             if not self._spool_error_logged:
@@ -323,6 +331,25 @@ class Sender(threading.Thread):
                 logger.error("runcast: cannot write spool %s (%s); data dropped", name, exc)
             return False
         return True
+
+    def _make_room(self, name: str, size: int) -> bool:
+        """Keep the spool under its cap by dropping its oldest batches; False to drop this one
+        (a single batch larger than the whole cap)."""
+        cap = self.settings.max_spool_bytes
+        if not cap or spool_mod.kind_of(self.spool.path / name) != "batch":
+            return True
+        dropped, freed, fits = self.spool.make_room(size, cap)
+        self._spool_dropped += dropped
+        self._spool_dropped_bytes += freed
+        if (dropped or not fits) and not self._cap_logged:
+            self._cap_logged = True
+            logger.warning(
+                "runcast: spool %s reached max_spool_bytes=%d; dropping the oldest spooled"
+                " batches (counted in run.stats()['batches_spool_dropped'])",
+                self.spool.path,
+                cap,
+            )
+        return fits  # a batch larger than the cap: the caller counts it in batches_dropped
 
     def _release(self) -> None:
         if not self._claimed:

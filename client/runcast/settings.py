@@ -18,6 +18,10 @@ MODES = ("online", "offline", "disabled")
 # batch never earns a 413 (the JSON for one point can vary with key length).
 DEFAULT_BATCH_POINTS = 10_000
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
+# What one run's process may keep on disk while the server is away: about a month of a run
+# logging a few keys a step a second, or ~40 minutes of a 10,000-points-a-second firehose.
+# Beyond it the oldest spooled batches go first; 0 means no cap.
+DEFAULT_MAX_SPOOL_BYTES = 1024**3
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Settings:
     batch_points: int = DEFAULT_BATCH_POINTS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     finish_timeout: float = 30.0
+    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
 
     def spool_root(self) -> Path:
         if self.dir is not None:
@@ -66,6 +71,7 @@ _ENV_FIELDS: dict[str, tuple[str, type]] = {
     "RUNCAST_MAX_QUEUE": ("max_queue", int),
     "RUNCAST_BATCH_POINTS": ("batch_points", int),
     "RUNCAST_FINISH_TIMEOUT": ("finish_timeout", float),
+    "RUNCAST_MAX_SPOOL_BYTES": ("max_spool_bytes", int),
 }
 
 
@@ -109,4 +115,5 @@ def resolve(
         resolved.mode = "online"
     resolved.batch_points = max(1, min(resolved.batch_points, 40_000))
     resolved.max_queue = max(1, resolved.max_queue)
+    resolved.max_spool_bytes = max(0, resolved.max_spool_bytes)
     return resolved

@@ -62,6 +62,9 @@ class SessionSpool:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Bytes of request files here, as last counted plus what this process wrote since: an
+        # upper bound (a replay deletes files without telling), recounted when it nears a cap.
+        self._bytes: int | None = None
 
     @classmethod
     def for_session(cls, root: Path, run_id: str, session: str) -> SessionSpool:
@@ -104,7 +107,35 @@ class SessionSpool:
         self.path.mkdir(parents=True, exist_ok=True)
         target = self.path / name
         write_atomic(target, data)
+        if self._bytes is not None:
+            self._bytes += len(data)
         return target
+
+    def make_room(self, incoming: int, cap: int) -> tuple[int, int, bool]:
+        """Delete the oldest batch files until `incoming` more bytes fit under `cap`.
+
+        Returns (files dropped, bytes dropped, whether it fits now). Only batches are dropped:
+        the create and finish requests are small and without them the rest cannot be replayed.
+        It frees down to 90% of the cap, so a spool at its cap recounts its folder once per
+        tenth of the cap written, not on every batch.
+        """
+        if self._bytes is not None and self._bytes + incoming <= cap:
+            return 0, 0, True
+        sizes = [(path, _size(path)) for path in self.pending()]
+        self._bytes = sum(size for _, size in sizes)
+        if self._bytes + incoming <= cap:
+            return 0, 0, True
+        target = max(0, int(cap * 0.9) - incoming)
+        dropped = freed = 0
+        for path, size in sizes:
+            if self._bytes <= target:
+                break
+            if kind_of(path) != "batch":
+                continue
+            _unlink(path)
+            self._bytes -= size
+            dropped, freed = dropped + 1, freed + size
+        return dropped, freed, self._bytes + incoming <= cap
 
     def pending(self) -> list[Path]:
         """Files still to deliver, in the order they must be sent."""
@@ -169,6 +200,13 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # delivered and removed meanwhile
 
 
 def _unlink(path: Path) -> None:

@@ -170,3 +170,12 @@ LOGGING = {
 # The forecast debounce marker lives here; production points it at Redis so every web worker
 # shares it (an in-process cache would allow one forecast per worker per interval).
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+# Retention (docs/deployment.md#retention; applied hourly by the `retention` beat entries).
+# Every forecast of the last RUNCAST_FORECAST_FULL_DAYS is kept (slip reads 3 days, the board
+# 24 h; at least 4); older ones are thinned to one per run, kind and interval. The flags' working
+# rows (CONDITIONS) are read for 80 minutes; ingest-batch rows exist for dedupe and heartbeats.
+RUNCAST_FORECAST_FULL_DAYS = env.float("RUNCAST_FORECAST_FULL_DAYS", default=7.0)
+RUNCAST_FORECAST_THIN_INTERVAL_S = env.float("RUNCAST_FORECAST_THIN_INTERVAL_S", default=3600.0)
+RUNCAST_CONDITIONS_KEEP_HOURS = env.float("RUNCAST_CONDITIONS_KEEP_HOURS", default=24.0)
+RUNCAST_BATCH_KEEP_DAYS = env.float("RUNCAST_BATCH_KEEP_DAYS", default=7.0)

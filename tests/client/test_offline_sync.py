@@ -153,3 +153,65 @@ def test_env_mode_offline(
     run.finish()
     assert run.url is None
     assert any(p.name == "finish.json" for p in spool_files(spool_dir))
+
+
+def _capped_run(make_settings: MakeSettings, cap: int, steps: int = 5_000) -> runcast.Run:
+    settings = make_settings(None, mode="offline", batch_points=100, max_spool_bytes=cap)
+    run = runcast.init(project="p", name="capped", settings=settings)
+    assert isinstance(run, runcast.Run)
+    for step in range(steps):
+        run.log({"loss": float(step)}, step=step)
+    run.finish()
+    return run
+
+
+def test_a_full_spool_drops_its_oldest_batches_counted_and_warned_once(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cap = 20_000
+    with caplog.at_level("WARNING", logger="runcast"):
+        run = _capped_run(make_settings, cap)
+    files = spool_files(spool_dir)
+    batches = sorted(p for p in files if p.name.startswith("batch-"))
+    assert sum(p.stat().st_size for p in batches) <= cap
+    seqs = [json.loads(p.read_text())["seq"] for p in batches]
+    stats = run.stats()
+    written = stats["batches_spooled"]
+    assert written == 50  # 5,000 points in batches of 100
+    # The newest survive, the oldest went, and every one that went is counted.
+    assert seqs == list(range(written - len(seqs) + 1, written + 1))
+    assert stats["batches_spool_dropped"] == written - len(seqs) > 0
+    assert stats["bytes_spool_dropped"] > 0
+    assert {"create.json", "finish.json"} <= {p.name for p in files}
+    warnings = [r for r in caplog.records if "max_spool_bytes" in r.getMessage()]
+    assert len(warnings) == 1
+    # What is left still replays: the newest steps, and the finish.
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    state = server.run(run.id)
+    kept_from = (seqs[0] - 1) * 100
+    assert sorted(s for s, _ in state.points["loss"]) == list(range(kept_from, 5_000))
+    assert state.finishes[0]["status"] == "finished"
+
+
+def test_no_cap_keeps_everything_and_a_tiny_cap_never_raises(
+    make_settings: MakeSettings, spool_dir: Path
+) -> None:
+    run = _capped_run(make_settings, 0, steps=1_000)
+    assert run.stats()["batches_spool_dropped"] == 0
+    assert len([p for p in spool_files(spool_dir) if p.name.startswith("batch-")]) == 10
+    # A cap below one batch: every batch is dropped (counted), training goes on, no exception.
+    tiny = _capped_run(make_settings, 100, steps=1_000)
+    stats = tiny.stats()
+    assert stats["batches_dropped"] == 10 and stats["batches_spooled"] == 0
+
+
+def test_the_cap_comes_from_the_environment() -> None:
+    from runcast.settings import DEFAULT_MAX_SPOOL_BYTES, from_env
+
+    assert from_env(environ={}).max_spool_bytes == DEFAULT_MAX_SPOOL_BYTES
+    assert from_env(environ={"RUNCAST_MAX_SPOOL_BYTES": "5000"}).max_spool_bytes == 5000

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tracker", "0002_run_provenance_and_invitations"),
+        ("tracker", "0003_batch_retention_seq_floor"),
     ]
 
     operations = [

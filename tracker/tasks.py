@@ -1,0 +1,14 @@
+"""Thin Celery tasks of the tracker layer: take no model instances, call a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.utils import timezone
+
+from tracker import retention
+
+
+@shared_task(soft_time_limit=120, time_limit=150)
+def batches_thin() -> None:
+    """Beat: delete ingest-batch rows older than the dedupe window (tracker/retention.py)."""
+    retention.batches_thin(now=timezone.now(), budget_s=90.0)
