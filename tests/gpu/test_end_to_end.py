@@ -133,7 +133,8 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     # The agent's sender runs after the run's has finished: the test database is SQLite's shared
     # in-memory one, which does not take two writers at once (PostgreSQL, in CI, would).
     agent.start()
-    agent.close(timeout=20.0)
+    agent.close(timeout=90.0)
+    assert not list((tmp_path / "spool").rglob("batch-*.json")), "the agent left batches spooled"
 
     host = Host.objects.get(project=project, name="node-3")
     tasks.sweep_gpu_hosts()
