@@ -97,6 +97,8 @@ RULE_KINDS: tuple[RuleKind, ...] = (
         "hours the finish would gain without the straggler (0: as soon as one is flagged)",
         _straggler_passes,
     ),
+    RuleKind("gpu_unexplained", "GPU activity no run event explains", (K.GPU_UNEXPLAINED,)),
+    RuleKind("hang", "GPUs busy but no progress (hang)", (K.HANG,), "critical"),
     RuleKind("finished", "Run finished", ("finished",), "info"),
     RuleKind("failed", "Run failed or crashed", ("failed",), "critical"),
 )

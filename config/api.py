@@ -8,6 +8,7 @@ from ninja.errors import AuthenticationError, ValidationError
 from ninja.errors import HttpError as NinjaHttpError
 
 from forecasting.api import router as forecasting_router
+from tracker.api.gpu_views import router as gpu_router
 from tracker.api.views import router as tracker_router
 from tracker.services import ServiceError
 
@@ -19,6 +20,7 @@ api = NinjaAPI(
 )
 api.add_router("/", tracker_router)
 api.add_router("/", forecasting_router)
+api.add_router("/", gpu_router)
 
 
 def _field_path(loc: tuple[object, ...] | list[object]) -> str:

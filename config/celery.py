@@ -47,6 +47,13 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 55},
     },
+    # GPU activity of the hosts whose agents reported recently: episodes, attribution and the
+    # gpu_unexplained flags (forecasting.gpu_services).
+    "sweep-gpu-hosts": {
+        "task": "forecasting.tasks.sweep_gpu_hosts",
+        "schedule": 30.0,
+        "options": {"expires": 25.0},
+    },
     # Alerts' outbox sweep: dispatch flags and run endings whose enqueue was lost, re-enqueue due
     # delivery retries, and fail sends a dead worker abandoned. Every step is idempotent.
     "sweep-alerts": {

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from django.db.models import Q
 
+from forecasting import gpu_services
 from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag
 from forecasting.selectors import (
@@ -46,6 +47,8 @@ class RunView(RunOutlook):
     gpu_hours_to_finish: float | None = None
     cost_so_far: float | None = None
     cost_to_finish: float | None = None
+    # GPU-hours measured by the host agents on the run's GPUs: its own vs others' (or None).
+    gpu_split: dict[str, Any] | None = None
     risk: float = 0.0
 
     @property
@@ -243,6 +246,8 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         Run.objects.select_related("project", "deadline"), now=now
     ).get(pk=run.pk)
     outlook = RunView.of(outlooks_for([annotated])[0], now=now)
+    # Only here, not on the board: it reads the run's hosts' batch summaries.
+    outlook.gpu_split = gpu_services.run_gpu_hours(run=annotated, now=now.timestamp())
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
     return RunPage(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import settings_views, team_views, views
+from dashboard import gpu_views, settings_views, team_views, views
 
 app_name = "dashboard"
 run = "runs/<slug:project>/<str:run_id>/"
@@ -18,6 +18,7 @@ urlpatterns = [
     path(f"{run}overview.json", views.run_overview, name="run-overview"),
     path(f"{run}ranks.json", views.run_ranks, name="run-ranks"),
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
+    path("hosts/<slug:project>/<str:host>/", gpu_views.host_page, name="host"),
     path(settings, settings_views.settings_page, name="settings"),
     path(f"{settings}project/", settings_views.settings_project, name="settings-project"),
     path(f"{settings}targets/", settings_views.settings_targets, name="settings-targets"),

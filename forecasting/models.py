@@ -65,6 +65,9 @@ class Flag(models.Model):
         STALLED = "stalled", "stalled or crashed"
         # Found on the per-rank step timings: the rank (or host) the whole job waits for.
         STRAGGLER = "straggler", "straggler rank"
+        # Found on the host agent's GPU series (forecasting.gpu_services).
+        GPU_UNEXPLAINED = "gpu_unexplained", "unexplained GPU activity"
+        HANG = "hang", "GPUs busy, no progress"
 
     class State(models.TextChoices):
         RAISED = "raised"

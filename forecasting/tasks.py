@@ -60,6 +60,19 @@ def sweep_active_runs() -> None:
         forecast_enqueue(run_id=run_id)
 
 
+@shared_task(soft_time_limit=50, time_limit=55)
+def sweep_gpu_hosts() -> None:
+    """Beat: check the GPU activity of every host an agent reported from in the last minutes.
+
+    A sweep rather than a task per batch: agents send every few seconds, and an episode is only
+    judged once it has ended, so a check every 30 s loses nothing.
+    """
+    from forecasting import gpu_services
+
+    for host_id in gpu_services.recently_seen_host_ids():
+        gpu_services.gpu_check_host(host_id=host_id)
+
+
 @shared_task(soft_time_limit=120, time_limit=150)
 def forecasts_thin() -> None:
     """Beat: thin old forecasts and drop old CONDITIONS rows (forecasting/retention.py)."""

@@ -19,7 +19,7 @@ from forecasting.models import Forecast, ServerClock
 from tests.alerts.fixtures import flag_raise
 from tracker import invitations
 from tracker.admin import ReadOnlyAdmin
-from tracker.models import ApiToken, Invitation, Membership, Project, Run
+from tracker.models import ApiToken, GpuEpisode, Host, Invitation, Membership, Project, Run
 from tracker.settings_services import deadline_create
 
 pytestmark = pytest.mark.django_db
@@ -35,6 +35,11 @@ READ_ONLY = {
     "tracker.ingestbatch",
     "tracker.metricchunk",
     "tracker.event",
+    "tracker.host",
+    "tracker.hostbatch",
+    "tracker.hostprocess",
+    "tracker.runprocess",
+    "tracker.gpuepisode",
     "forecasting.forecast",
     "forecasting.flag",
     "forecasting.serverclock",
@@ -50,7 +55,10 @@ def data(
     """One row of every model, made the way the product makes them."""
     assert (
         api(
-            "POST", "/runs", write_token, {"id": "r1", "session": "s1", "total_steps": 100}
+            "POST",
+            "/runs",
+            write_token,
+            {"id": "r1", "session": "s1", "total_steps": 100, "process": {"key": ["b", 7, 9]}},
         ).status_code
         == 201
     )
@@ -63,6 +71,32 @@ def data(
     }
     assert api("POST", "/runs/r1/batches", write_token, batch).status_code == 200
     run = Run.objects.get(public_id="r1")
+    # GPU telemetry: a host, an agent batch describing a process, an episode.
+    assert api("POST", "/hosts", write_token, {"host": "n1", "session": "a"}).status_code == 201
+    host_batch = {
+        "session": "a",
+        "seq": 1,
+        "metrics": {"gpu/0/util": {"steps": [1], "values": [50.0], "times": [1.7e9]}},
+        "events": [
+            {
+                "kind": "custom",
+                "time": 1.7e9,
+                "payload": {"name": "process", "pid": 7, "key": ["b", 7, 9]},
+            }
+        ],
+    }
+    assert api("POST", "/hosts/n1/batches", write_token, host_batch).status_code == 200
+    GpuEpisode.objects.create(
+        host=Host.objects.get(name="n1"),
+        run=run,
+        gpus=[0],
+        start=1.7e9,
+        end=1.7e9 + 30,
+        kind="burst",
+        explained=False,
+        expected=50.0,
+        observed=90.0,
+    )
     deadline_create(
         project=project, name="Blind eval", cutoff=datetime(2031, 1, 1, tzinfo=UTC), timezone="UTC"
     )

@@ -20,12 +20,17 @@ from tracker.models import (
     ApiToken,
     Deadline,
     Event,
+    GpuEpisode,
+    Host,
+    HostBatch,
+    HostProcess,
     IngestBatch,
     Invitation,
     Membership,
     MetricChunk,
     Project,
     Run,
+    RunProcess,
     RunSegment,
 )
 from tracker.services import token_revoke
@@ -250,3 +255,46 @@ class EventAdmin(ReadOnlyAdmin):
     list_select_related = ("run",)
     fields = ("run", "batch", "kind", "step", "time", "segment", "payload")
     readonly_fields = fields
+
+
+# -- GPU telemetry (tracker/gpu_models.py): written by the agent's batches and the GPU check ----
+
+
+@admin.register(Host)
+class HostAdmin(ReadOnlyAdmin):
+    list_display = ("name", "project", "boot_id", "last_seen_at")
+    search_fields = ("name", "project__slug")
+    list_select_related = ("project",)
+
+
+@admin.register(HostBatch)
+class HostBatchAdmin(ReadOnlyAdmin):
+    list_display = ("host", "session", "seq", "t0", "t1", "received_at")
+    search_fields = ("host__name", "session")
+    list_select_related = ("host",)
+    show_full_result_count = False
+    # The packed points are binary: the time range, keys and summary say what a batch holds.
+    fields = ("host", "session", "seq", "t0", "t1", "keys", "summary", "received_at")
+    readonly_fields = fields
+
+
+@admin.register(HostProcess)
+class HostProcessAdmin(ReadOnlyAdmin):
+    list_display = ("host", "pid", "user", "container", "cmdline")
+    search_fields = ("host__name", "cmdline", "user", "container")
+    list_select_related = ("host",)
+
+
+@admin.register(RunProcess)
+class RunProcessAdmin(ReadOnlyAdmin):
+    list_display = ("run", "host", "ns_pid", "container", "cuda_visible_devices")
+    search_fields = ("run__public_id", "host")
+    list_select_related = ("run",)
+
+
+@admin.register(GpuEpisode)
+class GpuEpisodeAdmin(ReadOnlyAdmin):
+    list_display = ("host", "run", "kind", "explained", "start", "end")
+    list_filter = ("explained", "kind")
+    search_fields = ("host__name", "run__public_id")
+    list_select_related = ("host", "run")

@@ -436,3 +436,13 @@ class RankTimingChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run} rank {self.rank} steps {self.min_step}-{self.max_step}"
+
+
+# GPU telemetry (hosts, agent batches, processes, episodes) lives in its own module.
+from tracker.gpu_models import (  # noqa: E402, F401
+    GpuEpisode,
+    Host,
+    HostBatch,
+    HostProcess,
+    RunProcess,
+)

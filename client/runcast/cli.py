@@ -21,6 +21,11 @@ logger = logging.getLogger("runcast")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["agent"]:
+        from runcast import agent  # the host agent has its own options (runcast agent -h)
+
+        return agent.main(argv[1:])
     args = _parser().parse_args(argv)
     _setup_logging(args.verbose)
     if args.command != "sync":
@@ -82,6 +87,7 @@ def _sync_one(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runcast", description="Runcast client tools")
     commands = parser.add_subparsers(dest="command")
+    commands.add_parser("agent", help="GPU host agent (runcast agent -h)")
     sync_cmd = commands.add_parser("sync", help="upload spooled / offline runs")
     sync_cmd.add_argument("--dir", help="spool root (default: RUNCAST_DIR or ~/.cache/runcast)")
     sync_cmd.add_argument("--url", help="server base URL (default: RUNCAST_URL, then the spool's)")

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Union
 
-from runcast import create, lifecycle, transport
+from runcast import create, lifecycle, procinfo, transport
 from runcast.batcher import Event
 from runcast.sender import Sender
 from runcast.settings import Settings, resolve
@@ -479,9 +479,19 @@ def init(
         ),
         "deadline": create.deadline(deadline),
         "session": uuid.uuid4().hex,
+        # So the server can tell this run's GPU processes from everyone else's (docs/gpu.md).
+        "process": _process_registration(),
         "started_at": create.started_at(started_at, now=_time.time()),
     }
     return Run(run_id, resolved, body, spec)
+
+
+def _process_registration() -> dict[str, Any] | None:
+    try:
+        return procinfo.self_registration()
+    except Exception:
+        logger.debug("runcast: could not read this process's identity", exc_info=True)
+        return None
 
 
 def _rank() -> int | None:

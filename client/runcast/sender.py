@@ -44,6 +44,7 @@ class Sender(threading.Thread):
         batcher: Any = None,
         kind: str = "batch",
         flush_interval: float | None = None,
+        client: Client | None = None,
     ) -> None:
         super().__init__(name=f"runcast-sender-{run_id[:12]}", daemon=True)
         self.run_id = run_id
@@ -51,7 +52,8 @@ class Sender(threading.Thread):
         self.settings = settings
         self.queue = queue
         self.on_created = on_created
-        self.client = Client(settings)
+        # The host agent passes a client with its own URLs; batching, spool and replay are shared.
+        self.client = client or Client(settings)
         self.spool = spool_mod.SessionSpool.for_session(settings.spool_root(), run_id, session)
         # "batch" (the run's metrics) or "timings" (a rank's step timings: no create, no
         # heartbeat, no finish; its own session, seq and spool folder).

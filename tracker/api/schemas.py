@@ -41,6 +41,8 @@ class RunCreateIn(Schema):
     hosts: list[Text] = Field(default_factory=list, max_length=limits.MAX_HOSTS)
     deadline: Text | None = Field(default=None, max_length=64)
     started_at: EpochSeconds | None = None
+    # The training process's identity for GPU attribution (runcast.procinfo.self_registration).
+    process: dict[str, Any] | None = None
 
 
 class RunOut(Schema):

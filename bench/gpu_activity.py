@@ -1,0 +1,346 @@
+"""Unexplained GPU activity on real MLPerf node power (../shared/data/power): does the run's own
+activity come out explained and injected foreign work unexplained?
+
+    python -m bench.gpu_activity [DIR] [--json] [--seed N] [--limit N] [--trials N]
+
+For every run: the distinct node series (identical twin files are one sensor, see the data
+README), phases and step timings from the job's own event log, and the run's other distinct
+series as peers. A clean pass counts false alarms (unexplained episodes on unmodified data, per
+distinct-series hour). Then seeded injections, one per trial on one series: foreign work (+10-30%
+of the current level, 10-300 s) starting during training, eval or idle, and throttling (x0.6-0.9,
+30-300 s) during training. An injection is found when an unexplained episode on that series
+overlaps it; every other unexplained episode on that series is a false alarm. Plus the
+attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution).
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from forecasting.estimators import gpu_activity as ga
+from forecasting.estimators import gpu_attribution as gattr
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "power"
+SIZE_BUCKETS = ((10, 30), (30, 60), (60, 120), (120, 300))
+
+
+@dataclass
+class Series:
+    node: int
+    twins: list[int]
+    t: np.ndarray
+    w: np.ndarray
+
+
+@dataclass
+class LoadedRun:
+    run_id: str
+    benchmark: str
+    series: list[Series]
+    events: ga.RunEvents
+    period: float
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
+    power = pd.read_csv(path / "power.csv")
+    events = pd.read_csv(path / "events.csv", keep_default_na=False)
+    by_hash: dict[str, Series] = {}
+    for node, group in power.groupby("node", sort=True):
+        t = group["time_s"].to_numpy(float)
+        w = group["watts"].to_numpy(float)
+        digest = hashlib.blake2b(t.tobytes() + w.tobytes()).hexdigest()
+        if digest in by_hash:
+            by_hash[digest].twins.append(int(node))
+        else:
+            by_hash[digest] = Series(int(node), [int(node)], t, w)
+    series = list(by_hash.values())
+    period = float(np.median(np.diff(series[0].t)))
+    return LoadedRun(run_id, benchmark, series, run_events(events), period)
+
+
+def run_events(events: pd.DataFrame) -> ga.RunEvents:
+    """Phases (init, train blocks/epochs, evals) and step timings from the MLLOG event rows."""
+    phases: list[ga.Phase] = []
+    opened: dict[str, float] = {}
+    pairs = {"init": "init", "block": "train", "epoch": "train", "eval": "eval"}
+    for row in events.itertuples(index=False):
+        name = str(row.event)
+        prefix, _, edge = name.rpartition("_")
+        if prefix in pairs and edge == "start":
+            opened[prefix] = float(row.time_s)
+        elif prefix in pairs and edge == "stop" and prefix in opened:
+            phases.append(ga.Phase(opened.pop(prefix), float(row.time_s), pairs[prefix]))
+    step_rows = events[
+        events["detail"].str.contains("step=") & events["event"].str.startswith("tracked_stats.")
+    ]
+    steps = step_rows["detail"].str.extract(r"step=(\d+)")[0].astype(float).to_numpy()
+    # A job that logs no step numbers still progresses at every block/epoch boundary.
+    return ga.RunEvents(
+        phases=phases,
+        marks=[],
+        step_times=step_rows["time_s"].to_numpy(float),
+        steps=steps,
+    )
+
+
+def peers_for(run: LoadedRun, index: int) -> np.ndarray | None:
+    """Median of the run's other distinct series, read at this series' times."""
+    others = [s for i, s in enumerate(run.series) if i != index]
+    if len(others) < 2:
+        return None
+    target = run.series[index].t
+    stack = np.vstack([np.interp(target, s.t, s.w, left=np.nan, right=np.nan) for s in others])
+    return np.nanmedian(stack, axis=0)
+
+
+# -- injection ------------------------------------------------------------------------------
+
+
+@dataclass
+class Injection:
+    series: int
+    start: float
+    end: float
+    kind: str  # "burst" | "throttle"
+    context: str  # where it started: train / eval / idle
+    factor: float
+
+
+def choose_injection(
+    run: LoadedRun, rng: np.random.Generator, kind: str, context: str
+) -> Injection | None:
+    index = int(rng.integers(len(run.series)))
+    s = run.series[index]
+    labels = ga.phase_labels(s.t, run.events.phases)
+    candidates = np.flatnonzero(labels == context)
+    if candidates.size == 0:
+        return None
+    start = float(s.t[int(rng.choice(candidates))])
+    if kind == "burst":
+        length = float(np.exp(rng.uniform(np.log(10), np.log(300))))
+        factor = 1.0 + float(rng.uniform(0.10, 0.30))
+    else:
+        length = float(rng.uniform(30, 300))
+        factor = float(rng.uniform(0.6, 0.9))
+    end = min(start + length, float(s.t[-1]))
+    if end - start < 10:
+        return None
+    return Injection(index, start, end, kind, context, factor)
+
+
+def apply(series: Series, injection: Injection) -> np.ndarray:
+    w = series.w.copy()
+    inside = (series.t >= injection.start) & (series.t < injection.end)
+    if injection.kind == "burst":
+        # Keep the node physical: below ~10 kW.
+        w[inside] = np.minimum(w[inside] * injection.factor, 10_000.0)
+    else:
+        w[inside] = w[inside] * injection.factor
+    return w
+
+
+# -- scoring --------------------------------------------------------------------------------
+
+
+def unexplained(
+    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+) -> list[ga.Episode]:
+    s = run.series[index]
+    found = ga.find_episodes(s.t, w, run.events, peers=peers)
+    return [e for e in found if not e.explained]
+
+
+def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
+    peers = [peers_for(run, i) for i in range(len(run.series))]
+    clean_alarms: list[tuple[int, ga.Episode]] = []
+    hours = 0.0
+    for i, s in enumerate(run.series):
+        hours += (s.t[-1] - s.t[0]) / 3600.0
+        clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i])]
+    results = []
+    plan = [("burst", c) for c in ("train", "eval", "idle")] + [("throttle", "train")]
+    for trial in range(trials):
+        kind, context = plan[trial % len(plan)]
+        injection = choose_injection(run, rng, kind, context)
+        if injection is None:
+            continue
+        s = run.series[injection.series]
+        alarms = unexplained(run, injection.series, apply(s, injection), peers[injection.series])
+        hits = [e for e in alarms if e.start < injection.end and e.end > injection.start]
+        # Alarms elsewhere on that series that the clean pass did not already have.
+        clean_here = [e for i, e in clean_alarms if i == injection.series]
+        extra = [
+            e
+            for e in alarms
+            if e not in hits and not any(abs(e.start - c.start) < 1 for c in clean_here)
+        ]
+        delay = min(e.detected_at for e in hits) - injection.start if hits else None
+        results.append(
+            {
+                "kind": kind,
+                "context": context,
+                "length": injection.end - injection.start,
+                "found": bool(hits),
+                "delay": delay,
+                "extra": len(extra),
+            }
+        )
+    return {
+        "run": run.run_id,
+        "benchmark": run.benchmark,
+        "series": len(run.series),
+        "hours": hours,
+        "clean_alarms": [
+            {"series": run.series[i].node, "start": e.start, "end": e.end, "phase": e.phase}
+            for i, e in clean_alarms
+        ],
+        "trials": results,
+    }
+
+
+def summarise(per_run: list[dict], attribution: dict) -> dict:
+    trials = [t for r in per_run for t in r["trials"]]
+    hours = sum(r["hours"] for r in per_run)
+    false_alarms = sum(len(r["clean_alarms"]) for r in per_run) + sum(t["extra"] for t in trials)
+    found = sum(t["found"] for t in trials)
+    # Event precision: injected episodes found over all unexplained episodes raised in trials
+    # (a found injection counts once), with the clean pass's alarms pro rata per trial.
+    trial_false = sum(t["extra"] for t in trials) + sum(
+        len(r["clean_alarms"]) * len(r["trials"]) / max(1, r["series"]) for r in per_run
+    )
+    precision = found / (found + trial_false) if found + trial_false else 0.0
+    recall = found / len(trials) if trials else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    delays = [t["delay"] for t in trials if t["delay"] is not None]
+    by_size = {}
+    for lo, hi in SIZE_BUCKETS:
+        inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < hi + 1]
+        by_size[f"{lo}-{hi}s"] = (
+            round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
+        )
+    by_context = {}
+    for kind, context in (
+        ("burst", "train"),
+        ("burst", "eval"),
+        ("burst", "idle"),
+        ("throttle", "train"),
+    ):
+        inside = [t for t in trials if t["kind"] == kind and t["context"] == context]
+        by_context[f"{kind}/{context}"] = (
+            round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
+        )
+    clean_hours = hours
+    return {
+        "gpu_unexplained_f1": round(f1, 4),
+        "gpu_unexplained_precision": round(precision, 4),
+        "gpu_unexplained_recall": round(recall, 4),
+        "gpu_unexplained_recall_by_size": by_size,
+        "gpu_unexplained_recall_by_context": by_context,
+        "gpu_false_alarms_per_node_hour": round(
+            sum(len(r["clean_alarms"]) for r in per_run) / clean_hours, 5
+        )
+        if clean_hours
+        else None,
+        "gpu_false_alarms_in_trials": int(sum(t["extra"] for t in trials)),
+        "gpu_false_alarms_total": int(false_alarms),
+        "gpu_delay_s_median": round(float(np.median(delays)), 2) if delays else None,
+        "gpu_delay_s_p90": round(float(np.percentile(delays, 90)), 2) if delays else None,
+        "node_hours_distinct": round(hours, 2),
+        "injections": len(trials),
+        "runs": len(per_run),
+        **attribution,
+    }
+
+
+# -- attribution on synthetic per-process traces ---------------------------------------------
+
+
+def attribution_check(rng: np.random.Generator, hosts: int = 20) -> dict:
+    """Synthetic hosts: a run's processes, another run's, and an unknown one at known times.
+
+    The attribution must put each process's SM time where it belongs; the error is the absolute
+    difference of the run / other-run / unknown shares, in SM-percent-seconds, over the truth.
+    """
+    errors = []
+    named = 0
+    for _ in range(hosts):
+        trace = gattr.synthetic_trace(rng)
+        shares = gattr.attribute(trace.samples, trace.own_pids, trace.other_runs)
+        truth = trace.truth
+        total = sum(truth.values()) or 1.0
+        errors.append(sum(abs(shares.totals[k] - truth[k]) for k in truth) / total)
+        top = shares.top_unknown()
+        named += int(top is not None and top.pid == trace.foreign_pid)
+    return {
+        "gpu_attribution_error": round(float(np.mean(errors)), 4),
+        "gpu_attribution_names_foreign": round(named / hosts, 3),
+    }
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=None, help="first N runs only")
+    parser.add_argument("--trials", type=int, default=40, help="injections per run")
+    args = parser.parse_args(argv)
+    index = pd.read_csv(args.dir / "INDEX.csv", keep_default_na=False)
+    if args.limit:
+        index = index.head(args.limit)
+    rng = np.random.default_rng(args.seed)
+    started = time.perf_counter()
+    per_run = []
+    for row in index.itertuples(index=False):
+        run = load_run(args.dir / str(row.dir), str(row.run_id), str(row.benchmark))
+        per_run.append(evaluate_run(run, rng, args.trials))
+    summary = summarise(per_run, attribution_check(rng))
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    if not args.json:
+        print_table(per_run, summary)
+    print(json.dumps(summary))
+    return 0
+
+
+def print_table(per_run: list[dict], summary: dict) -> None:
+    head = f"{'run':<58} {'series':>6} {'hours':>6} {'clean FA':>8} {'found':>9} {'delay':>6}"
+    print(head)
+    print("-" * len(head))
+    for r in per_run:
+        trials = r["trials"]
+        delays = [t["delay"] for t in trials if t["delay"] is not None]
+        found = f"{sum(t['found'] for t in trials)}/{len(trials)}"
+        delay = f"{np.median(delays):.1f}" if delays else "-"
+        name = r["run"].split("__", 3)[-1][:58]
+        print(
+            f"{name:<58} {r['series']:>6} {r['hours']:>6.2f} {len(r['clean_alarms']):>8} "
+            f"{found:>9} {delay:>6}"
+        )
+        for a in r["clean_alarms"]:
+            print(
+                f"    false alarm: series {a['series']} "
+                f"{a['start']:.0f}-{a['end']:.0f} s ({a['phase']})"
+            )
+    print()
+    for key, value in summary.items():
+        print(f"{key:<36} {value}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,588 @@
+"""GPU activity that the run's own events do not explain, and the hard `hang` rule.
+
+Input: one activity series (a GPU's utilisation, or a node's power as a proxy) sampled at ~1 Hz,
+and the run's own events on the same clock. Method (docs/gpu.md has the figures):
+
+1. **Phases and regimes.** Every sample gets the phase the run was in (init, train, eval,
+   checkpoint, idle ...) from the logged phase intervals. A phase's level changes for a reason
+   the run logs: an architecture change (neurons grown or pruned), a resume, a step-time change.
+   Those split the phase into regimes, each learning its own level.
+2. **Normal activity per regime.** A rolling median over the regime's own samples (a long window,
+   so a burst of a few minutes moves it little) and a robust spread (MAD of the residuals). Idle
+   uses a low quantile: the GPU's idle is its floor, and foreign work only ever adds to it.
+3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
+   sampling jitter), so the expected value at t is the band spanned by the levels of every regime
+   present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
+   band follows them: synchronous training moves all of them at once, foreign work only one.
+   A sample departs when it lies outside the band(s) by more than max(z * spread, rel * level).
+4. **Episodes.** Consecutive departing samples (short gaps bridged), at least `min_duration_s`
+   long: a burst (up), a plateau (up, long) or a drop (down). An episode is *explained* when what
+   remains of it outside the windows of the run's point events (checkpoint, resume, architecture
+   change, step-time change, custom; +-tolerance) is shorter than `min_duration_s`; otherwise it
+   is *unexplained*, and `detected_at` is when it had lasted `min_duration_s` (online delay).
+
+`find_hang`: GPUs busy while neither the step counter nor any event has moved for many usual
+step (and eval) durations, the BLOOM-176B eval deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from forecasting.estimators.jsonable import as_json
+
+# Phases whose normal level is the floor of the activity (nothing of the run is running).
+IDLE_PHASES = frozenset({"idle", "pre_init", "post_run"})
+# Point events whose effect on activity has no learnable shape: departures near them are the run's.
+POINT_EVENT_KINDS = frozenset(
+    {"checkpoint", "resume", "restart", "arch_change", "lr_change", "custom", "step_change"}
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    start: float
+    end: float
+    kind: str  # "init", "train", "eval", "checkpoint", ...; gaps between phases are "idle"
+
+
+@dataclass(frozen=True)
+class Mark:
+    time: float
+    kind: str  # one of POINT_EVENT_KINDS (others are accepted and treated alike)
+    # A checkpoint logged when it finished covers its writing time before `time`.
+    before_s: float = 0.0
+
+
+@dataclass
+class RunEvents:
+    phases: list[Phase] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    # Step timings: when each step completed and its number (or step durations' end times).
+    step_times: np.ndarray = field(default_factory=lambda: np.empty(0))
+    steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+
+@dataclass(frozen=True)
+class Settings:
+    tolerance_s: float = 10.0
+    # Window around point events (checkpoint, eval logged as an instant ...); None: tolerance_s.
+    event_window_s: float | None = None
+    min_duration_s: float = 8.0
+    # Departing samples this far apart still belong to one episode.
+    merge_gap_s: float = 6.0
+    z: float = 5.0
+    rel: float = 0.05
+    # Floor of the spread, as a fraction of the level: 1-Hz readings quantise.
+    min_rel_spread: float = 0.01
+    window_s: float = 900.0
+    idle_quantile: float = 0.2
+    # The first seconds of training (compilation, autotuning, the data pipeline filling) and
+    # of a resumed run are the run's own, whatever they look like.
+    warmup_s: float = 30.0
+    # Passes of learning the levels without what the previous pass found (stops when stable);
+    # more than two measured no better on the dev set (F1 0.78 with four).
+    passes: int = 2
+    # An up-episode longer than this is a plateau, not a burst.
+    plateau_s: float = 600.0
+    # Step-time change points: relative shift in the median step time that splits a regime.
+    step_change_rel: float = 0.15
+    step_change_window: int = 8
+    hang_factor: float = 20.0
+    hang_min_s: float = 300.0
+    busy_rel: float = 0.5
+
+
+DEFAULT = Settings()
+
+
+@dataclass
+class Episode:
+    start: float
+    end: float
+    kind: str  # "burst" | "plateau" | "drop" | "hang"
+    phase: str
+    explained: bool
+    reason: str
+    detected_at: float
+    expected: float
+    observed: float  # median over the episode
+    delta_rel: float  # (observed - expected) / expected
+    peak: float
+    samples: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return as_json(self)
+
+
+# -- phases, marks, regimes ----------------------------------------------------------------
+
+
+def phase_labels(times: np.ndarray, phases: Sequence[Phase]) -> np.ndarray:
+    """The phase kind of every sample; later phases win where logged intervals overlap."""
+    labels = np.full(times.shape, "idle", dtype=object)
+    for phase in sorted(phases, key=lambda p: (_rank(p.kind), p.start)):
+        labels[(times >= phase.start) & (times < phase.end)] = phase.kind
+    return labels
+
+
+def _rank(kind: str) -> int:
+    # Nested phases: an eval inside a training block is an eval.
+    return {"train": 1, "init": 1}.get(kind, 2)
+
+
+def step_change_marks(
+    step_times: np.ndarray, steps: np.ndarray, settings: Settings = DEFAULT
+) -> list[Mark]:
+    """Times where the median step duration shifts by step_change_rel and stays shifted."""
+    t, s = np.asarray(step_times, float), np.asarray(steps, float)
+    ok = np.isfinite(t) & np.isfinite(s)
+    t, s = t[ok], s[ok]
+    w = settings.step_change_window
+    if t.size < 2 * w + 2:
+        return []
+    order = np.argsort(t)
+    t, s = t[order], s[order]
+    ds = np.diff(s)
+    keep = ds > 0
+    per_step = np.diff(t)[keep] / ds[keep]
+    at = t[1:][keep]
+    marks: list[Mark] = []
+    i = w
+    while i <= per_step.size - w:
+        if _shift(per_step, i, w) < settings.step_change_rel:
+            i += 1
+            continue
+        # The first window that sees the shift sees it early (a median flips half-way):
+        # the change is where the shift is largest in the next window.
+        last = min(i + w, per_step.size - w)
+        # Means, not medians, to place it: the median's shift is flat over half a window.
+        best = max(range(i, last + 1), key=lambda j: _mean_shift(per_step, j, w))
+        marks.append(Mark(float(at[best - 1]), "step_change"))
+        i = best + 2 * w
+    return marks
+
+
+def _mean_shift(per_step: np.ndarray, i: int, w: int) -> float:
+    return abs(float(per_step[i : i + w].mean()) - float(per_step[i - w : i].mean()))
+
+
+def _shift(per_step: np.ndarray, i: int, w: int) -> float:
+    before = float(np.median(per_step[i - w : i]))
+    after = float(np.median(per_step[i : i + w]))
+    return abs(after - before) / before if before > 0 else 0.0
+
+
+def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -> np.ndarray:
+    """Phase kind plus how many level-changing marks came before: each its own level."""
+    cuts = np.sort(
+        [m.time for m in marks if m.kind in ("arch_change", "resume", "restart", "step_change")]
+    )
+    regime = np.searchsorted(cuts, times, side="right")
+    return np.array([f"{lab}#{r}" for lab, r in zip(labels, regime, strict=False)], dtype=object)
+
+
+# -- the level per regime -------------------------------------------------------------------
+
+
+def _rolling(values: np.ndarray, window: int, quantile: float) -> np.ndarray:
+    """Trailing quantile of the regime's earlier samples (what an online detector knows).
+
+    Trailing, not centred: a burst of a few minutes is measured against the level before it
+    instead of pulling its own reference up. NaN (samples already found departing) are left
+    out. The first samples of a regime, with too little history, use the regime's first window.
+    """
+    series = pd.Series(values)
+    roll = series.shift(1).rolling(window, min_periods=1)
+    out = np.array(roll.median() if quantile == 0.5 else roll.quantile(quantile), dtype=float)
+    head = values[: min(values.size, window)]
+    head = head[np.isfinite(head)]
+    if head.size == 0:
+        head = values[np.isfinite(values)]
+    if head.size == 0:
+        return np.full(values.shape, np.nan)
+    first = float(np.median(head) if quantile == 0.5 else np.quantile(head, quantile))
+    warm = min(values.size, max(3, window // 10))
+    out[:warm] = first
+    return np.array(pd.Series(out).ffill().fillna(first), dtype=float)
+
+
+def regime_levels(
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    settings: Settings = DEFAULT,
+    mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Each sample's regime level, and the spread of each regime (masked samples left out)."""
+    dt = _period(times)
+    window = max(3, round(settings.window_s / dt) | 1)
+    level = np.empty(values.shape, float)
+    spread: dict[str, float] = {}
+    learn = values if mask is None else np.where(mask, np.nan, values)
+    for key in np.unique(keys):
+        idx = np.flatnonzero(keys == key)
+        q = settings.idle_quantile if key.split("#")[0] in IDLE_PHASES else 0.5
+        lv = _rolling(learn[idx], window, q)
+        level[idx] = lv
+        spread[key] = max(noise(learn[idx]), settings.min_rel_spread * abs(float(np.median(lv))))
+    return level, spread
+
+
+def noise(values: np.ndarray) -> float:
+    """Sample-to-sample noise: 1.4826 x MAD of first differences / sqrt 2.
+
+    Differences, not residuals from the level: a burst or throttle covering half the data
+    inflates the residuals' MAD (and hides itself), but moves only the two differences at its
+    edges.
+    """
+    finite = values[np.isfinite(values)]
+    if finite.size < 3:
+        return 0.0
+    d = np.diff(finite)
+    return float(np.median(np.abs(d - np.median(d)))) * 1.4826 / np.sqrt(2.0)
+
+
+def _period(times: np.ndarray) -> float:
+    gaps = np.diff(times)
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if gaps.size else 1.0
+
+
+# -- departures -----------------------------------------------------------------------------
+
+
+def _band(
+    times: np.ndarray, expected: np.ndarray, slack: np.ndarray, half_width_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Min/max of (expected -+ slack) over samples within +-half_width_s of each sample."""
+    lo_src, hi_src = expected - slack, expected + slack
+    left = np.searchsorted(times, times - half_width_s, side="left")
+    right = np.searchsorted(times, times + half_width_s, side="right")
+    lo = np.empty_like(expected)
+    hi = np.empty_like(expected)
+    # Windows are a handful of samples at ~1 Hz: a loop over (left, right) stays cheap, and a
+    # sparse table is not worth its code here.
+    for i, (a, b) in enumerate(zip(left, right, strict=False)):
+        lo[i] = lo_src[a:b].min()
+        hi[i] = hi_src[a:b].max()
+    return lo, hi
+
+
+def departures(
+    times: np.ndarray,
+    values: np.ndarray,
+    events: RunEvents,
+    peers: np.ndarray | None = None,
+    settings: Settings = DEFAULT,
+) -> dict[str, Any]:
+    """Per sample: the expected level, the band and the signed departure outside it.
+
+    Several passes: each learns the levels without the samples the previous ones found
+    departing, so a long burst or throttle does not drag the level after it (which would make
+    the return to normal look like an episode of its own).
+    """
+    labels = phase_labels(times, events.phases)
+    marks = list(events.marks) + step_change_marks(events.step_times, events.steps, settings)
+    marks += _warmups(events, settings)
+    keys = _regime_keys(times, labels, marks)
+    use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
+    mask: np.ndarray | None = None
+    for _ in range(settings.passes):
+        level, lo, hi, dev = _phase_pass(times, values, keys, labels, settings, mask)
+        if use_peers:
+            assert peers is not None
+            dev = _peer_departure(times, values, peers, keys, settings, mask)
+        found = _dilate(dev != 0, 2)
+        # Each pass unmasks nothing and may mask more: a long burst flips the trailing level
+        # half-way through, the next pass (without its first half) sees the rest.
+        found = found if mask is None else (found | mask)
+        if mask is not None and np.array_equal(found, mask):
+            break
+        mask = found
+    return {"level": level, "lo": lo, "hi": hi, "dev": dev, "labels": labels, "marks": marks}
+
+
+def _warmups(events: RunEvents, settings: Settings) -> list[Mark]:
+    """A covered window after training starts (the first train phase) and after each resume."""
+    trains = [p.start for p in events.phases if p.kind == "train"]
+    starts = [min(trains)] if trains else []
+    starts += [m.time for m in events.marks if m.kind in ("resume", "restart")]
+    # A mark at the end of the warm-up covering it (the window's tolerance adds the rest).
+    return [Mark(t + settings.warmup_s, "warmup", before_s=settings.warmup_s) for t in starts]
+
+
+def _dilate(mask: np.ndarray, n: int) -> np.ndarray:
+    out = mask.copy()
+    for k in range(1, n + 1):
+        out[k:] |= mask[:-k]
+        out[:-k] |= mask[k:]
+    return out
+
+
+def _phase_pass(
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    labels: np.ndarray,
+    settings: Settings,
+    mask: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    level, spread = regime_levels(times, values, keys, settings, mask)
+    sigma = np.array([spread[k] for k in keys])
+    slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
+    lo, hi = _band(times, level, slack, settings.tolerance_s)
+    hi = _idle_reaches_setup(labels, level, slack, hi)
+    # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
+    lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
+    dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
+    return level, lo, hi, dev
+
+
+def _idle_reaches_setup(
+    labels: np.ndarray, level: np.ndarray, slack: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Between jobs a node also sits at its setup level (this run's init, the next job's).
+
+    Idle is learnt as the floor, but the readings after a run's end (and before its init)
+    include setup work at the init level; the run logged what that level looks like.
+    """
+    init = labels == "init"
+    idle = np.isin(labels, list(IDLE_PHASES))
+    if not init.any() or not idle.any():
+        return hi
+    ceiling = float(np.median(level[init] + slack[init]))
+    return np.where(idle, np.maximum(hi, ceiling), hi)
+
+
+def _peer_departure(
+    times: np.ndarray,
+    values: np.ndarray,
+    peers: np.ndarray,
+    keys: np.ndarray,
+    settings: Settings,
+    mask: np.ndarray | None,
+) -> np.ndarray:
+    """Departure from the peers' same-time level times this series' usual ratio to them.
+
+    Peers are the sharper reference: the run's intra-step swings and its phases move them in
+    step, so they cancel; only what happens on this series alone remains.
+    """
+    filled = pd.Series(peers).interpolate(limit_direction="both").to_numpy(dtype=float)
+    ratio = values / np.where(filled == 0, np.nan, filled)
+    learn = ratio if mask is None else np.where(mask, np.nan, ratio)
+    expected = np.empty_like(values)
+    slack = np.empty_like(values)
+    dt = _period(times)
+    window = max(3, round(settings.window_s / dt) | 1)
+    for key in np.unique(keys):
+        idx = np.flatnonzero(keys == key)
+        r = _rolling(learn[idx], window, 0.5)
+        exp = filled[idx] * r
+        # The noise of this series against its peers (what the peers do not share).
+        mad = noise(values[idx] - filled[idx] * float(np.nanmedian(learn[idx])))
+        floor = settings.min_rel_spread * float(np.nanmedian(np.abs(exp)))
+        expected[idx] = exp
+        slack[idx] = np.maximum(settings.z * max(mad, floor), settings.rel * np.abs(exp))
+    expected = np.where(np.isfinite(expected), expected, values)
+    slack = np.where(np.isfinite(slack), slack, np.inf)
+    # Peers are read at slightly different instants: one sampling period of alignment jitter.
+    lo, hi = _band(times, expected, slack, 1.01 * dt)
+    return np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
+
+
+# -- episodes -------------------------------------------------------------------------------
+
+
+def find_episodes(
+    times: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    events: RunEvents | None = None,
+    *,
+    peers: np.ndarray | None = None,
+    settings: Settings = DEFAULT,
+) -> list[Episode]:
+    """Every episode departing from the run's normal activity, explained or not."""
+    t = np.asarray(times, float)
+    v = np.asarray(values, float)
+    ok = np.isfinite(t) & np.isfinite(v)
+    if peers is not None:
+        peers = np.asarray(peers, float)[ok]
+    t, v = t[ok], v[ok]
+    if t.size < 3:
+        return []
+    order = np.argsort(t, kind="stable")
+    t, v = t[order], v[order]
+    peers = peers[order] if peers is not None else None
+    ev = events or RunEvents()
+    d = departures(t, v, ev, peers, settings)
+    window = settings.event_window_s
+    covered = _covered(t, d["marks"], settings.tolerance_s if window is None else window)
+    episodes = []
+    for a, b in _runs(t, np.sign(d["dev"]), settings.merge_gap_s):
+        episode = _episode(t, v, d, covered, a, b, settings)
+        if episode is not None:
+            episodes.append(episode)
+    return episodes
+
+
+def _runs(t: np.ndarray, sign: np.ndarray, gap_s: float) -> list[tuple[int, int]]:
+    """Index ranges [a, b] of same-signed departures, bridging gaps up to gap_s."""
+    out: list[tuple[int, int]] = []
+    for direction in (1.0, -1.0):
+        idx = np.flatnonzero(sign == direction)
+        if idx.size == 0:
+            continue
+        breaks = np.flatnonzero(np.diff(t[idx]) > gap_s)
+        starts = np.concatenate(([0], breaks + 1))
+        ends = np.concatenate((breaks, [idx.size - 1]))
+        out += [(int(idx[s]), int(idx[e])) for s, e in zip(starts, ends, strict=False)]
+    return sorted(out)
+
+
+def _covered(t: np.ndarray, marks: Sequence[Mark], tol: float) -> np.ndarray:
+    covered = np.zeros(t.shape, bool)
+    for m in marks:
+        covered |= (t >= m.time - m.before_s - tol) & (t <= m.time + tol)
+    return covered
+
+
+def _episode(
+    t: np.ndarray,
+    v: np.ndarray,
+    d: dict[str, Any],
+    covered: np.ndarray,
+    a: int,
+    b: int,
+    settings: Settings,
+) -> Episode | None:
+    dt = _period(t)
+    start, end = float(t[a]), float(t[b]) + dt
+    if end - start < settings.min_duration_s:
+        return None
+    seg = slice(a, b + 1)
+    departing = d["dev"][seg] != 0
+    free = departing & ~covered[seg]
+    free_t = t[seg][free]
+    # Duration of what no point event covers, measured as sample count x period.
+    explained = free_t.size * dt < settings.min_duration_s
+    up = float(np.median(d["dev"][seg][departing])) > 0
+    expected = float(np.median(d["level"][seg]))
+    observed = float(np.median(v[seg]))
+    labels = d["labels"][seg]
+    phase = str(pd.Series(labels).mode().iloc[0])
+    kind = "drop" if not up else ("plateau" if end - start > settings.plateau_s else "burst")
+    window = settings.tolerance_s if settings.event_window_s is None else settings.event_window_s
+    reason = _reason(d["marks"], start, end, window) if explained else ""
+    detected_at = _confirmation(t[seg][departing], dt, settings.min_duration_s)
+    return Episode(
+        start=start,
+        end=end,
+        kind=kind,
+        phase=phase,
+        explained=explained,
+        reason=reason,
+        detected_at=detected_at,
+        expected=expected,
+        observed=observed,
+        delta_rel=(observed - expected) / expected if expected else 0.0,
+        peak=float(v[seg].max() if up else v[seg].min()),
+        samples=int(departing.sum()),
+    )
+
+
+def _confirmation(times: np.ndarray, dt: float, min_s: float) -> float:
+    """When the departing samples first add up to min_s: an online detector's alarm time."""
+    needed = max(1, int(np.ceil(min_s / dt)))
+    return float(times[min(needed, times.size) - 1]) + dt
+
+
+def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
+    near = [m.kind for m in marks if m.time + tol >= start and m.time - m.before_s - tol <= end]
+    return ", ".join(sorted(set(near))) or "phase change"
+
+
+# -- hang -----------------------------------------------------------------------------------
+
+
+def find_hang(
+    times: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    events: RunEvents,
+    *,
+    busy_level: float,
+    now: float | None = None,
+    settings: Settings = DEFAULT,
+) -> Episode | None:
+    """GPUs busy while the run has made no progress for many usual step (or eval) times.
+
+    Progress is a step that advanced or any logged event (an eval that ends is progress).
+    `busy_level` is the run's usual training activity; busy means >= busy_rel of it.
+    """
+    t = np.asarray(times, float)
+    v = np.asarray(values, float)
+    if t.size == 0:
+        return None
+    now = float(t.max()) if now is None else now
+    progress = _progress(events)
+    if progress.size < 3:
+        return None
+    usual = float(np.median(np.diff(progress)[-50:]))
+    evals = [p.end - p.start for p in events.phases if p.kind == "eval"]
+    usual = max(usual, float(np.median(evals)) if evals else 0.0)
+    limit = max(settings.hang_factor * usual, settings.hang_min_s)
+    last = float(progress[progress <= now].max())
+    silent = now - last
+    if silent < limit:
+        return None
+    window = (t > last) & (t <= now)
+    if window.sum() < 3:
+        return None
+    busy = v[window] >= settings.busy_rel * busy_level
+    if busy.mean() < 0.9:
+        return None
+    observed = float(np.median(v[window]))
+    return Episode(
+        start=last,
+        end=now,
+        kind="hang",
+        phase="hang",
+        explained=False,
+        reason=f"no step or event for {silent:.0f} s (usual {usual:.1f} s)",
+        detected_at=last + limit,
+        expected=busy_level,
+        observed=observed,
+        delta_rel=(observed - busy_level) / busy_level if busy_level else 0.0,
+        peak=float(v[window].max()),
+        samples=int(window.sum()),
+    )
+
+
+def _progress(events: RunEvents) -> np.ndarray:
+    t = np.asarray(events.step_times, float)
+    s = np.asarray(events.steps, float)
+    ok = np.isfinite(t) & np.isfinite(s)
+    t, s = t[ok], s[ok]
+    order = np.argsort(t)
+    t, s = t[order], s[order]
+    if s.size:
+        best = np.maximum.accumulate(s)
+        t = t[np.concatenate(([True], best[1:] > best[:-1]))]
+    edges = [p.start for p in events.phases] + [p.end for p in events.phases]
+    edges += [m.time for m in events.marks]
+    return np.unique(np.concatenate((t, np.asarray(edges, float))))
+
+
+def training_level(values: np.ndarray, labels: np.ndarray) -> float:
+    """The run's usual activity while training (the reference for messages and `hang`)."""
+    train = values[labels == "train"]
+    return float(np.median(train)) if train.size else float(np.median(values))

@@ -1,0 +1,152 @@
+"""The GPU activity estimator on plain arrays: the run's own phases are explained, foreign work
+and throttling are not, peers cancel synchronous swings, and the hang rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forecasting.estimators import gpu_activity as ga
+from forecasting.estimators import gpu_attribution as gattr
+
+
+def training(seconds: int = 1800, seed: int = 0) -> tuple[np.ndarray, np.ndarray, ga.RunEvents]:
+    """1 Hz utilisation of a run: train at ~70%, an eval dip to ~40% every 300 s for 20 s."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(seconds, dtype=float)
+    v = 70 + rng.normal(0, 1.5, seconds)
+    phases = [ga.Phase(0, seconds, "train")]
+    for start in range(250, seconds, 300):
+        v[start : start + 20] = 40 + rng.normal(0, 1.5, 20)
+        phases.append(ga.Phase(start, start + 20, "eval"))
+    return t, v, ga.RunEvents(phases=phases)
+
+
+def unexplained(episodes: list[ga.Episode]) -> list[ga.Episode]:
+    return [e for e in episodes if not e.explained]
+
+
+def test_it_finds_nothing_unexplained_in_the_runs_own_phases() -> None:
+    t, v, events = training()
+    assert unexplained(ga.find_episodes(t, v, events)) == []
+
+
+def test_it_calls_an_eval_without_its_phase_unexplained() -> None:
+    # The same data without the logged evals: the dips are departures nobody explains.
+    t, v, events = training()
+    bare = ga.RunEvents(phases=[p for p in events.phases if p.kind != "eval"])
+    drops = unexplained(ga.find_episodes(t, v, bare))
+    assert drops and all(e.kind == "drop" for e in drops)
+
+
+@pytest.mark.parametrize(("start", "length"), [(100, 12), (600, 60), (1000, 240)])
+def test_it_finds_a_foreign_burst_during_training(start: int, length: int) -> None:
+    t, v, events = training()
+    v[start : start + length] += 20
+    found = unexplained(ga.find_episodes(t, v, events))
+    # A burst that spans one of the run's evals may be reported on either side of it.
+    assert found and all(start - 2 <= e.start and e.end <= start + length + 2 for e in found)
+    burst = found[0]
+    assert burst.kind == "burst"
+    assert abs(burst.start - start) <= 2
+    assert burst.detected_at - start <= 10
+
+
+def test_it_finds_a_burst_during_an_eval() -> None:
+    t, v, events = training()
+    v[852:868] += 25  # inside the eval at 850-870, above the eval level
+    found = unexplained(ga.find_episodes(t, v, events, settings=ga.Settings(tolerance_s=2)))
+    assert [e.phase for e in found] == ["eval"]
+
+
+def test_it_finds_throttling_as_a_drop() -> None:
+    t, v, events = training()
+    v[400:520] *= 0.7
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["drop"]
+
+
+def test_a_checkpoint_or_architecture_change_explains_its_departure() -> None:
+    t, v, events = training()
+    v[400:430] += 20
+    events.marks.append(ga.Mark(430.0, "checkpoint", before_s=30.0))
+    found = ga.find_episodes(t, v, events)
+    assert found and all(e.explained for e in found)
+    assert "checkpoint" in found[0].reason
+
+
+def test_an_architecture_change_starts_a_new_level() -> None:
+    # Neurons grown at 900 s: the run's level rises for good. A new regime, not a plateau.
+    t, v, events = training()
+    v[900:] += 15
+    events.marks.append(ga.Mark(900.0, "arch_change"))
+    assert unexplained(ga.find_episodes(t, v, events)) == []
+    without = ga.RunEvents(phases=events.phases)
+    assert unexplained(ga.find_episodes(t, v, without))
+
+
+def test_a_step_time_change_starts_a_new_level() -> None:
+    t, v, events = training()
+    v[900:] -= 15
+    steps = np.arange(0, 1800, 2.0)  # one step every 2 s, then every 3 s from 900 s
+    times = np.where(steps < 900, steps, 900 + (steps - 900) * 1.5)
+    events.step_times, events.steps = times, np.arange(steps.size, dtype=float)
+    marks = ga.step_change_marks(events.step_times, events.steps)
+    assert len(marks) == 1 and abs(marks[0].time - 900) < 6
+    # Its regime split explains the new level; without the step timings it is a drop.
+    assert unexplained(ga.find_episodes(t, v, events)) == []
+    bare = ga.RunEvents(phases=events.phases)
+    drops = unexplained(ga.find_episodes(t, v, bare))
+    assert drops and {e.kind for e in drops} == {"drop"}
+
+
+def test_peers_cancel_swings_the_whole_run_makes() -> None:
+    rng = np.random.default_rng(3)
+    t = np.arange(1200, dtype=float)
+    swing = 70 + 15 * np.sin(t / 5.0)  # every GPU of the run swings together within a step
+    v = swing + rng.normal(0, 1, t.size)
+    peers = swing + rng.normal(0, 0.5, t.size)
+    events = ga.RunEvents(phases=[ga.Phase(0, 1200, "train")])
+    v[500:530] += 12
+    found = unexplained(ga.find_episodes(t, v, events, peers=peers))
+    assert len(found) == 1 and abs(found[0].start - 500) <= 2
+
+
+def test_it_tolerates_gaps_and_nan() -> None:
+    t, v, events = training()
+    v[10:20] = np.nan
+    keep = np.ones(t.size, bool)
+    keep[300:340] = False
+    assert unexplained(ga.find_episodes(t[keep], v[keep], events)) == []
+
+
+def test_hang_is_busy_gpus_without_progress() -> None:
+    t = np.arange(3600, dtype=float)
+    v = np.full(t.size, 95.0)
+    steps = np.arange(0, 1000, 2.0)  # steps every 2 s until 1000 s, then nothing
+    events = ga.RunEvents(
+        phases=[ga.Phase(0, 3600, "train")], step_times=steps, steps=np.arange(steps.size)
+    )
+    hang = ga.find_hang(t, v, events, busy_level=90.0, now=2000.0)
+    assert hang is not None and hang.kind == "hang"
+    assert hang.start == pytest.approx(998.0)
+    # Idle GPUs without progress are a stall (the liveness sweep's business), not a hang.
+    assert ga.find_hang(t, np.full(t.size, 3.0), events, busy_level=90.0, now=2000.0) is None
+    # Still within many usual step times: no verdict yet.
+    assert ga.find_hang(t, v, events, busy_level=90.0, now=1100.0) is None
+
+
+def test_attribution_follows_identities_across_namespaces() -> None:
+    rng = np.random.default_rng(5)
+    trace = gattr.synthetic_trace(rng, gpus=4, seconds=200)
+    result = gattr.attribute(trace.samples, trace.own_pids, trace.other_runs)
+    for owner, truth in trace.truth.items():
+        assert result.totals[owner] == pytest.approx(truth)
+    top = result.top_unknown()
+    assert top is not None and top.pid == trace.foreign_pid
+
+
+def test_split_gpu_activity_scales_process_shares_or_uses_memory() -> None:
+    assert gattr.split_gpu_activity(90.0, {1: 30.0, 2: 15.0}, {}) == {1: 60.0, 2: 30.0}
+    assert gattr.split_gpu_activity(50.0, {}, {1: 3.0, 2: 1.0}) == {1: 37.5, 2: 12.5}
+    assert gattr.split_gpu_activity(50.0, {}, {}) == {}
