@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,10 +17,12 @@ LIMIT = 3
 
 
 @pytest.fixture(autouse=True)
-def _throttle(settings: Any) -> None:
+def _throttle(settings: Any) -> Iterator[None]:
     settings.RUNCAST_LOGIN_MAX_FAILURES = LIMIT
     settings.RUNCAST_LOGIN_LOCKOUT_S = 600
     cache.clear()
+    yield
+    cache.clear()  # no lockout outlives this module's tests (the cache is process-wide)
 
 
 def login(client: Client, username: str, password: str, address: str = "10.0.0.1") -> Any:
