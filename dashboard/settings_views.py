@@ -11,9 +11,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboard import forms
+from tracker import invitations
 from tracker import settings_selectors as sel
 from tracker import settings_services as svc
-from tracker.access import membership_for
+from tracker.access import can_create_projects, membership_for
+from tracker.demo import is_demo
 from tracker.models import Deadline, Membership, Project
 from tracker.services import ServiceError, token_create, token_revoke
 
@@ -37,9 +39,24 @@ def _page(
         ),
         "member_form": forms.MemberAddForm(),
         "token_form": forms.TokenForm(),
+        **_team_context(request, membership),
         **extra,
     }
     return render(request, "dashboard/settings.html", context, status=status)
+
+
+def _team_context(request: HttpRequest, membership: Membership) -> dict[str, Any]:
+    is_owner = membership.role == Membership.Role.OWNER
+    return {
+        "invitations": invitations.pending_invitations(project=membership.project)
+        if is_owner
+        else [],
+        "invite_form": forms.InviteForm(),
+        "account_form": forms.AccountCreateForm(),
+        "email_enabled": invitations.email_enabled(),
+        "is_demo": is_demo(membership.project),
+        "can_create_projects": can_create_projects(request.user),
+    }
 
 
 def _project_initial(project: Project) -> dict[str, Any]:

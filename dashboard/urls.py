@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import settings_views, views
+from dashboard import settings_views, team_views, views
 
 app_name = "dashboard"
 run = "runs/<slug:project>/<str:run_id>/"
@@ -25,6 +25,15 @@ urlpatterns = [
         settings_views.member_update,
         name="member-update",
     ),
+    path("projects/new/", team_views.project_new, name="project-new"),
+    path(f"{settings}invitations/", team_views.member_invite, name="member-invite"),
+    path(f"{settings}accounts/", team_views.member_create, name="member-create"),
+    path(
+        f"{settings}invitations/<int:invitation_id>/revoke/",
+        team_views.invitation_revoke,
+        name="invitation-revoke",
+    ),
+    path("invite/<str:token>/", team_views.invite_accept, name="invite-accept"),
     path(f"{settings}tokens/", settings_views.token_new, name="token-new"),
     path(
         f"{settings}tokens/<int:token_id>/revoke/", settings_views.token_delete, name="token-revoke"

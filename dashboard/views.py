@@ -17,7 +17,7 @@ from dashboard.presenters import board_view
 from forecasting.models import Forecast
 from forecasting.selectors import eta_history, forecast_latest
 from tracker import selectors
-from tracker.access import membership_for, run_for
+from tracker.access import can_create_projects, membership_for, run_for
 
 MAX_BUCKETS = 2_000
 # Pages poll their partials at these intervals while a run is active (htmx `every`).
@@ -53,7 +53,11 @@ def _buckets(request: HttpRequest) -> int:
 def home(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     board = pages.board_for_user(user=request.user, now=now)
-    context = {"view": board_view(board, now), "poll_s": BOARD_POLL_S}
+    context = {
+        "view": board_view(board, now),
+        "poll_s": BOARD_POLL_S,
+        "can_create_projects": can_create_projects(request.user),
+    }
     return render(request, "dashboard/board.html", context)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from tracker import selectors
 from tracker.models import ApiToken, Membership, Run
 from tracker.services import Forbidden, NotFound
@@ -42,3 +44,16 @@ def run_for_token(*, token: ApiToken, run_id: str) -> Run:
     if run is None:
         raise NotFound(f"no run {run_id!r} in this project", field="run_id")
     return run
+
+
+def can_create_projects(user: Any) -> bool:
+    """Staff and superusers create projects; everyone logged in when the operator allows it
+    (RUNCAST_USERS_CAN_CREATE_PROJECTS)."""
+    if not getattr(user, "is_authenticated", False) or not user.is_active:
+        return False
+    return bool(user.is_staff or user.is_superuser or settings.RUNCAST_USERS_CAN_CREATE_PROJECTS)
+
+
+def project_create_check(*, user: Any) -> None:
+    if not can_create_projects(user):
+        raise Forbidden("only staff create projects on this server")

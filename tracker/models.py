@@ -170,6 +170,11 @@ class Run(models.Model):
     deadline = models.ForeignKey(
         Deadline, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
+    # The token that created the run: provenance for operators, and how the demo tells the runs
+    # its replay made (and may reset) from runs a person logged into the demo project.
+    created_by_token = models.ForeignKey(
+        "ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs_created"
+    )
     # Summary fields kept up to date on every write so list pages never scan points.
     last_step = models.BigIntegerField(null=True, blank=True)
     current_segment = models.PositiveIntegerField(default=0)
@@ -346,3 +351,37 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at step {self.step}"
+
+
+class Invitation(models.Model):
+    """An emailed, one-time invitation to join a project with a role.
+
+    Only a SHA-256 of the link's token is stored (like ApiToken): a database read does not yield
+    working links. It is spent once (accepted_at), expires, and can be revoked.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(
+        max_length=16, choices=Membership.Role.choices, default=Membership.Role.MEMBER
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.project} ({self.role})"
+
+    def is_pending(self, at: datetime) -> bool:
+        return self.accepted_at is None and self.revoked_at is None and at < self.expires_at

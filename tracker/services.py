@@ -147,8 +147,12 @@ def run_start(
     started_at: datetime,
     fields: dict[str, Any],
     deadline_slug: str | None = None,
+    created_by_token: ApiToken | None = None,
 ) -> RunStart:
-    """Create a run, or resume it as a new segment. Idempotent on (run id, session)."""
+    """Create a run, or resume it as a new segment. Idempotent on (run id, session).
+
+    `created_by_token` is recorded only when the run is created: a resume keeps the provenance.
+    """
     deadline = None
     if deadline_slug:
         deadline = Deadline.objects.filter(project=project, slug=deadline_slug).first()
@@ -157,7 +161,12 @@ def run_start(
     run, created = Run.objects.select_for_update().get_or_create(
         project=project,
         public_id=public_id,
-        defaults={**fields, "deadline": deadline, "started_at": started_at},
+        defaults={
+            **fields,
+            "deadline": deadline,
+            "started_at": started_at,
+            "created_by_token": created_by_token,
+        },
     )
     existing = run.segments.filter(session=session).first()
     if existing is not None:

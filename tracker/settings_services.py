@@ -182,3 +182,34 @@ def parse_targets(raw: dict[str, Any]) -> dict[str, float]:
             raise ServiceError(f"{value!r} is not a finite number", field=key)
         out[key] = number
     return out
+
+
+@transaction.atomic
+def project_create(
+    *,
+    creator: Any,
+    name: str,
+    slug: str = "",
+    timezone: str = "UTC",
+    gpu_hour_price: Decimal | None = None,
+    currency: str = "USD",
+) -> Project:
+    """A new project owned by its creator (who may create projects is the caller's check)."""
+    name = name.strip()
+    if not name:
+        raise ServiceError("a project needs a name", field="name")
+    validate_timezone(timezone)
+    slug = slugify(slug or name)[:64]
+    if not slug:
+        raise ServiceError("the name or slug needs a letter or digit", field="slug")
+    if Project.objects.filter(slug=slug).exists():
+        raise Conflict(f"a project {slug!r} already exists", field="slug")
+    project = Project.objects.create(
+        slug=slug,
+        name=name,
+        timezone=timezone,
+        gpu_hour_price=gpu_hour_price,
+        currency=currency.upper(),
+    )
+    Membership.objects.create(project=project, user=creator, role=Membership.Role.OWNER)
+    return project

@@ -211,6 +211,14 @@ EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="runcast@localhost")
 
+# --- Teams (docs/deployment.md "Projects and people").
+# Staff and superusers create projects in the UI; true lets every logged-in user create one.
+RUNCAST_USERS_CAN_CREATE_PROJECTS = env.bool("RUNCAST_USERS_CAN_CREATE_PROJECTS", default=False)
+# Invitations are emailed when an SMTP server is configured (EMAIL_HOST set); without one,
+# owners create the account with a generated password shown to them once.
+RUNCAST_INVITE_EMAIL = env.bool("RUNCAST_INVITE_EMAIL", default=bool(env.str("EMAIL_HOST", "")))
+RUNCAST_INVITE_MAX_AGE_HOURS = env.int("RUNCAST_INVITE_MAX_AGE_HOURS", default=72)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -239,6 +239,75 @@ DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run 
 DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # (LOSS section: end)
 
+# --- Stragglers (estimator stragglers.py)
+# (STRAGGLER section: begin)
+# A rank's compute is compared with the median rank's at the same step; a row counts only when
+# at least this share of the ranks reported in it (a median of three ranks is not "the job").
+STRAGGLER_MIN_REPORTING = 0.5
+# Rows of history before any alarm: a rank's own level (its offset to the median rank) and the
+# noise are estimated from the history so far; fewer rows than this give neither.
+STRAGGLER_MIN_ROWS = 48  # three 16-row blocks: the wander of a rank's level is visible
+# The level and noise are re-estimated at this many checkpoints over the history (each from the
+# rows before it, so the scan stays causal), and from at most this many rows each (evenly spaced)
+# so 1,024 ranks x a long history cost the same as a short one.
+STRAGGLER_CHECKPOINTS = 16
+STRAGGLER_LEVEL_MAX_ROWS = 400
+# The noise is re-estimated only when the rows behind it have grown by this factor.
+STRAGGLER_NOISE_GROWTH = 1.5
+# Rows are autocorrelated (the trace holds 41-60% of values over two samples; lag-1
+# autocorrelation 0.5-0.75), so the noise that matters for a persistent shift is that of block
+# means, not of single rows: moving means over these many rows (x sqrt of it) give the long-run
+# scale, the largest of them (ranks on a shared cluster also wander over tens of rows).
+STRAGGLER_BLOCK_ROWS = (8, 16, 32, 64)
+# Floor on the relative noise: timers resolve ~0.1%, and a perfectly steady rank must not make a
+# 0.01% wobble an alarm.
+STRAGGLER_MIN_NOISE = 0.003
+# CUSUM bank on the log ratio to the median rank, each tuned for a shift twice its k (log units):
+# 2%, 5-6%, and >= 20% (fast on big transient episodes). A shift is found by the CUSUM whose k
+# is about half of it; the bank covers the sizes without one slow compromise.
+STRAGGLER_CUSUM_K = (0.01, 0.03, 0.1)
+# ... and the block length (STRAGGLER_BLOCK_ROWS) whose noise sets each one's threshold: roughly
+# the rows it takes to find its shift (a 20% jump: a few rows; a 2% drift: tens), plus the
+# absolute-level test last.
+STRAGGLER_CUSUM_BLOCK = (64, 32, 8, 16)
+# Single rows are clipped at this many (row-level) noise units before they enter a CUSUM: one
+# heavy-tailed row (the trace's p99.9 is 1.17x) then cannot make an alarm alone.
+STRAGGLER_CLIP_SIGMAS = 6.0
+# A row whose cross-rank spread is wider than usual (a burst of contention that hits every rank:
+# the CoV of the trace's jobs swings 1.3-4.5x between its p50 and p95, and shifts level) has its
+# deviations scaled down by the excess, so a burst does not push many CUSUMs over at once. The
+# allowance above "usual" is this many standard errors of a spread over m series (1/sqrt(m)).
+STRAGGLER_BURST_FACTOR = 1.5
+# An alarm needs its excursion to have lasted this many rows (the trace labels need three
+# flagged samples for an episode): one or two tall rows are a blip.
+STRAGGLER_PERSIST_ROWS = 3
+# False-alarm budget: one per this many job-days, split over every test (ranks x CUSUMs + hosts),
+# with a safety factor for the Brownian approximation of the run length on heavy-tailed,
+# autocorrelated rows.
+STRAGGLER_FALSE_ALARM_DAYS = 1.0
+STRAGGLER_FA_SAFETY = 4.0
+# When the caller does not say how many rows a day holds, we assume one per 10 s (the trace's
+# sampling; a client batching per-rank timings every few steps is in that range), clipped.
+STRAGGLER_DEFAULT_ROW_S = 10.0
+# A rank persistently this much slower than the median rank is a straggler whatever its own
+# history says (the labelled "persistent offset" of the rank trace: median ratio >= 1.15).
+STRAGGLER_LEVEL_RATIO = 1.15
+# ... tested by a CUSUM tuned for 1.2x (k = half the log distance between 1.15 and 1.25).
+STRAGGLER_LEVEL_K = 0.04
+# An alarm is current while its CUSUM has not fallen more than half its threshold below its
+# peak over the last this many rows (a recovered rank's CUSUM falls by k per row).
+STRAGGLER_CURRENT_ROWS = 50
+# A host is the straggler when its ranks' mean shows the change and at least this share of its
+# ranks moved (the host mean also moves when one of its ranks is very slow).
+STRAGGLER_HOST_SHARE = 0.6
+# Last to arrive: with wait_s, the rank that waits least is the one the others wait for. It is
+# flagged when it is last in at least this share of recent rows (chance is 1/ranks) ...
+STRAGGLER_LAST_SHARE = 0.5
+# ... over this many recent rows, with at least this many ranks (with two, one is always last).
+STRAGGLER_LAST_ROWS = 30
+STRAGGLER_LAST_MIN_RANKS = 4
+# (STRAGGLER section: end)
+
 # --- When the forecasting service raises and updates flags (forecasting/services.py)
 # A deadline flag opens below 90% odds: the deadline-risk estimator reports the speed-up needed
 # to get back to 90%, so anything under it is actionable. Alert rules pick their own cut-off

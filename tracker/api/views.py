@@ -60,6 +60,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
         session=payload.session,
         started_at=started,
         deadline_slug=payload.deadline,
+        created_by_token=token,
         fields={
             "name": payload.name or "",
             "total_steps": payload.total_steps,

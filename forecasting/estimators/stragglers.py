@@ -1,0 +1,574 @@
+"""Which rank (or host) does a synchronous job wait for, since when, and what does it cost?
+
+In synchronous data parallelism every rank waits in the collective for the slowest one, so the
+total step time is the same on all ranks and says nothing about who is slow. The signal is each
+rank's own compute time (or its wait inside the collective: the straggler waits least).
+
+Input is a steps x ranks matrix; everything is vectorised over ranks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from forecasting.estimators import thresholds as th
+from forecasting.estimators.jsonable import plain
+
+
+@dataclass(frozen=True)
+class Straggler:
+    kind: str  # "rank" | "host" | "last_arrival"
+    ranks: tuple[int, ...]
+    host: str | None
+    onset_step: int
+    # How much slower its compute is than at its normal pace (its own level before the onset,
+    # or the median rank's when it was slow from the start): 0.23 = 23% slower.
+    slowdown: float
+    # Job time lost so far because every rank waited for it (seconds, in compute_s's unit).
+    cost_s: float
+    steps_affected: int
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "ranks": list(self.ranks),
+            "host": self.host,
+            "onset_step": self.onset_step,
+            "slowdown": plain(self.slowdown),
+            "cost_s": plain(self.cost_s),
+            "steps_affected": self.steps_affected,
+            "evidence": plain(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class StragglerReport:
+    stragglers: list[Straggler]
+    median_step_s: float  # recent step time of the median rank (compute + comm)
+    job_step_s: float  # recent actual job step time (the slowest rank governs)
+    whatif_step_s: float  # job step time if the stragglers ran at their normal pace
+
+    def whatif_factor(self) -> float:
+        """whatif_step_s / job_step_s (<= 1): multiply the remaining time by it."""
+        if not (np.isfinite(self.job_step_s) and self.job_step_s > 0):
+            return 1.0
+        if not np.isfinite(self.whatif_step_s):
+            return 1.0
+        return float(min(1.0, max(0.0, self.whatif_step_s / self.job_step_s)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stragglers": [s.to_dict() for s in self.stragglers],
+            "median_step_s": plain(self.median_step_s),
+            "job_step_s": plain(self.job_step_s),
+            "whatif_step_s": plain(self.whatif_step_s),
+            "whatif_factor": self.whatif_factor(),
+        }
+
+
+EMPTY = StragglerReport([], float("nan"), float("nan"), float("nan"))
+
+
+def _validate(
+    steps: np.ndarray,
+    compute_s: np.ndarray,
+    hosts: Sequence[str] | None,
+    wait_s: np.ndarray | None,
+    total_s: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    steps = np.asarray(steps, dtype=float)
+    compute = np.asarray(compute_s, dtype=float)
+    if steps.ndim != 1:
+        raise ValueError("steps: expected shape (n,)")
+    if compute.ndim != 2 or compute.shape[0] != steps.shape[0]:
+        raise ValueError(
+            f"compute_s: expected shape ({steps.shape[0]}, ranks), got {compute.shape}"
+        )
+    if hosts is not None and len(hosts) != compute.shape[1]:
+        raise ValueError(f"hosts: expected {compute.shape[1]} names, got {len(hosts)}")
+    extra: list[np.ndarray | None] = []
+    for name, arr in (("wait_s", wait_s), ("total_s", total_s)):
+        if arr is None:
+            extra.append(None)
+            continue
+        a = np.asarray(arr, dtype=float)
+        if a.shape != compute.shape:
+            raise ValueError(f"{name}: expected shape {compute.shape}, got {a.shape}")
+        extra.append(a)
+    return steps, compute, extra[0], extra[1]
+
+
+def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
+    """np.nanmedian along one axis of a 2-D array, without its slow masked-array path: sort
+    (NaN last) and take the middle of the finite values."""
+    a = np.asarray(a, dtype=float)
+    missing = np.isnan(a)
+    if not missing.any():
+        return np.median(a, axis=axis)
+    srt = np.sort(a, axis=axis)
+    count = np.sum(~missing, axis=axis, keepdims=True)
+    lo = np.take_along_axis(srt, np.clip((count - 1) // 2, 0, None), axis=axis)
+    hi = np.take_along_axis(srt, np.clip(count // 2, 0, None), axis=axis)
+    out = np.where(count > 0, (lo + hi) / 2.0, np.nan)
+    return np.squeeze(out, axis=axis)
+
+
+@dataclass
+class Scan:
+    """A causal CUSUM scan of series (rows x series): what a detector called at each row saw.
+
+    `above[t, j]`: series j is in alarm at row t; `start[t, j]`: the row its current excursion
+    began (the change-point estimate); `current[j]`: still in alarm at the last row (not a past,
+    recovered episode); `level[j]`: the series' own level (log) before its excursion.
+    """
+
+    above: np.ndarray
+    start: np.ndarray
+    current: np.ndarray
+    level: np.ndarray
+    sigma: np.ndarray
+    by_level: np.ndarray  # the current alarm is the absolute level test's alone
+    start_end: np.ndarray  # (CUSUMs, series): where each CUSUM's excursion began, last row
+
+
+def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
+    """Noise of a shift that lasts b rows, for each block length b: the spread of b-row moving
+    means x sqrt(b), and never less than at shorter blocks. Rows are autocorrelated and ranks
+    of a shared cluster wander (a rank's level drifts 5-9% over tens of rows in the trace), so
+    the noise a slow, small shift must beat is larger than the row noise says."""
+    out = np.empty((len(th.STRAGGLER_BLOCK_ROWS), dev.shape[1]))
+    longrun = point * 1.5
+    filled = np.where(np.isfinite(dev), dev, 0.0)
+    csum = np.concatenate((np.zeros((1, dev.shape[1])), np.cumsum(filled, axis=0)), axis=0)
+    for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
+        if dev.shape[0] >= 3 * b:
+            # Overlapping means are strongly correlated: every quarter block is as good as all.
+            means = ((csum[b:] - csum[:-b]) / b)[:: max(1, b // 4)]
+            spread = 1.4826 * nanmedian(np.abs(means - nanmedian(means, axis=0)), axis=0)
+            longrun = np.fmax(longrun, spread * np.sqrt(b))
+        elif i > 0:
+            # Too few rows for this block: assume the level wanders like a random walk (the
+            # trace's job 1 does, up to 64 rows) until the history shows otherwise.
+            longrun = longrun * (b / th.STRAGGLER_BLOCK_ROWS[i - 1]) ** 0.5
+        out[i] = longrun
+    return out
+
+
+def _subsample(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    if n > th.STRAGGLER_LEVEL_MAX_ROWS:
+        return x[np.linspace(0, n - 1, th.STRAGGLER_LEVEL_MAX_ROWS).astype(int)]
+    return x
+
+
+def _level(x: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return nanmedian(_subsample(x), axis=0)
+
+
+def _level_and_noise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-series median, noise per block length (blocks x series) and row noise, robustly."""
+    x = _subsample(x)
+    floor = th.STRAGGLER_MIN_NOISE
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: a rank not yet seen
+        level = nanmedian(x, axis=0)
+        dev = x - level
+        point = 1.4826 * nanmedian(np.abs(dev), axis=0)
+        longrun = _longrun_noise(dev, point)
+        # Pooled over series: a dozen blocks per series is a noisy scale, and the ranks of one
+        # job share their noise; a series noisier than the pool keeps its own (fewer false
+        # alarms, at the cost of a slower alarm on that series).
+        pooled = np.nanmedian(longrun, axis=1, keepdims=True)
+        pooled_point = np.nanmedian(point)
+    pooled = np.where(np.isfinite(pooled), pooled, floor)
+    sigma = np.fmax(np.fmax(longrun, pooled), floor)
+    sigma = np.where(np.isfinite(sigma), sigma, pooled)
+    point = np.fmax(np.fmax(point, pooled_point), floor)
+    point = np.where(np.isfinite(point), point, floor)
+    return level, sigma, point
+
+
+def _page(
+    s0: np.ndarray, start0: np.ndarray, inc: np.ndarray, row0: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Page's CUSUM S_t = max(0, S_{t-1} + inc_t) for a block of rows, vectorised over series.
+
+    With D = s0 + cumsum(inc), S = D - min(0, running min of D); the excursion starts after the
+    last row where S was 0.
+    """
+    d = s0 + np.cumsum(inc, axis=0)
+    low = np.minimum(np.minimum.accumulate(d, axis=0), 0.0)
+    s = d - low
+    rows = np.arange(row0, row0 + inc.shape[0])[:, None]
+    zero_at = np.where(s <= 0.0, rows + 1, -1)
+    last_zero = np.maximum.accumulate(zero_at, axis=0)
+    start = np.where(last_zero >= 0, last_zero, start0)
+    return s, start
+
+
+def _deviations(
+    x: np.ndarray,
+    a: int,
+    e: int,
+    level: np.ndarray,
+    sigma: np.ndarray,
+    point: np.ndarray,
+    spread: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows a..e of x as CUSUM input: (slack on k, clip, clipped deviation from the level, burst
+    factor per row, which cells count)."""
+    m = x.shape[1]
+    # The level is itself estimated from `a` rows: its error would read as a shift, so the
+    # slack k grows by two of its standard errors.
+    slack = 2.0 * sigma.max(axis=0) / np.sqrt(max(a, 1))
+    clip = th.STRAGGLER_CLIP_SIGMAS * point
+    rel = x[a:e]
+    ok = np.isfinite(rel) & np.isfinite(level)
+    # A rank faster than the median rank is measured from the median rank: it must become
+    # slower than the median (as the trace labels require) before the job waits for it.
+    base = np.fmax(np.nan_to_num(level), 0.0)
+    dev = np.clip(np.where(ok, rel - base, 0.0), -clip, clip)
+    # Rows where every rank is unusually spread (a burst of contention) weigh less: their
+    # deviations are shrunk by how much wider than usual the ranks' spread is. The allowance is
+    # the sampling error of a spread over m series (over ten ranks it wobbles by half; over a
+    # thousand, by a few percent).
+    usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
+    burst = np.fmax(spread[a:e] / usual, 1.0)
+    burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
+    return slack, clip, dev / burst, burst, ok
+
+
+def scan(
+    x: np.ndarray,
+    *,
+    tests: int,
+    rows_per_day: float,
+    level_ratio: float | None = None,
+) -> Scan:
+    """CUSUM bank over each column of `x` (log ratio to the median rank), causal by checkpoints.
+
+    Each column's own level and noise come from the rows before the current checkpoint, and are
+    frozen while the column is in (or near) alarm, so a straggler does not become its own normal.
+    With `level_ratio`, one more CUSUM tests the absolute level (ratio to the median rank) too.
+    """
+    n, m = x.shape
+    ks = np.array(th.STRAGGLER_CUSUM_K)
+    n_k = ks.size + (1 if level_ratio else 0)
+    # Brownian approximation: ARL0 ~ exp(2 k h / sigma^2), so h = sigma^2 ln(A) / (2 k) with A
+    # the rows one test may run per false alarm inside the budget.
+    budget = rows_per_day * th.STRAGGLER_FALSE_ALARM_DAYS * tests * n_k * th.STRAGGLER_FA_SAFETY
+    log_a = np.log(max(budget, 10.0))
+    above = np.zeros((n, m), dtype=bool)
+    start = np.full((n, m), -1, dtype=np.int32)
+    s = np.zeros((n_k, m))
+    st = np.zeros((n_k, m), dtype=np.int64)
+    history = np.zeros((n_k, min(n, th.STRAGGLER_CURRENT_ROWS), m))
+    level = np.full(m, np.nan)
+    sigma = np.full((len(th.STRAGGLER_BLOCK_ROWS), m), np.nan)
+    point = np.full(m, np.nan)
+    # Each CUSUM's threshold uses the noise at the block length its shift takes to find.
+    block_of = [th.STRAGGLER_BLOCK_ROWS.index(b) for b in th.STRAGGLER_CUSUM_BLOCK]
+    h_last = np.zeros((n_k, m))
+    frozen = np.zeros(m, dtype=bool)
+    noise_rows = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        spread = nanmedian(np.abs(x - nanmedian(x, axis=1)[:, None]), axis=1)
+    first = min(n, th.STRAGGLER_MIN_ROWS)
+    cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
+    for a, e in itertools.pairwise(cuts):
+        keep_old = frozen & np.isfinite(level)
+        if a >= th.STRAGGLER_NOISE_GROWTH * noise_rows:
+            # The noise estimate changes slowly with more rows: refresh it when they have grown
+            # by half (the level is refreshed at every checkpoint).
+            new_level, new_sigma, new_point = _level_and_noise(x[:a])
+            sigma = np.where(keep_old, sigma, new_sigma)
+            point = np.where(keep_old, point, new_point)
+            noise_rows = a
+        else:
+            new_level = _level(x[:a])
+        level = np.where(keep_old, level, new_level)
+        slack, clip, dev, burst, ok = _deviations(x, a, e, level, sigma, point, spread)
+        rows = np.arange(a, e)[:, None]
+        seg_above = np.zeros((e - a, m), dtype=bool)
+        seg_start = np.full((e - a, m), -1, dtype=np.int64)
+        for j in range(n_k):
+            if j < ks.size:
+                k = ks[j] + slack
+                inc = np.where(ok, dev - k, 0.0)
+            else:
+                k = np.full(m, th.STRAGGLER_LEVEL_K)
+                rel = x[a:e]
+                gap = np.where(np.isfinite(rel), rel, 0.0) - np.log(level_ratio or 1.0)
+                inc = np.where(np.isfinite(rel), np.clip(gap, -clip, clip) / burst, 0.0)
+            h = sigma[block_of[j]] ** 2 * log_a / (2.0 * k)
+            sj, stj = _page(s[j], st[j], inc, a)
+            # Persistence: an excursion shorter than a few rows is a blip, however tall.
+            hit = (sj > h) & (rows - stj >= th.STRAGGLER_PERSIST_ROWS - 1)
+            seg_start = np.where(hit & ~seg_above, stj, seg_start)
+            seg_above |= hit
+            s[j], st[j], h_last[j] = sj[-1], stj[-1], h
+            keep = min(e - a, history.shape[1])
+            history[j] = np.concatenate((history[j][keep:], sj[-keep:]), axis=0)
+        above[a:e] = seg_above
+        start[a:e] = seg_start
+        # A column in alarm, or halfway there on its most sensitive CUSUM, keeps its level.
+        frozen = seg_above[-1] | (s[0] > 0.5 * h_last[0])
+    sigma = sigma.max(axis=0)
+    # Current: in alarm and not fallen more than half the threshold below its recent peak (a
+    # recovered rank's CUSUM falls by k per row; a persistent one keeps climbing).
+    alive = (s > h_last) & (s >= history.max(axis=1) - 0.5 * h_last)
+    current = above[-1] & alive.any(axis=0)
+    # Slow from the start: only the absolute-level test holds it (its own history shows no change).
+    by_level = alive[-1] & ~alive[: ks.size].any(axis=0) if level_ratio else np.zeros(m, bool)
+    return Scan(above, start, current, level, sigma, by_level, st)
+
+
+@dataclass
+class _Job:
+    steps: np.ndarray
+    compute: np.ndarray
+    x: np.ndarray  # log ratio of each rank's compute to the median rank's, per row
+    stride: np.ndarray  # steps each row stands for
+    step_time: np.ndarray  # the job's step time per row: the slowest rank's compute (+ comm)
+    comm: np.ndarray  # per row, what the job spends beyond the slowest compute (0 if unknown)
+
+
+def _prepare(
+    steps: np.ndarray,
+    compute: np.ndarray,
+    wait: np.ndarray | None,
+    total: np.ndarray | None,
+) -> _Job:
+    order = np.argsort(steps, kind="stable")
+    steps, compute = steps[order], compute[order]
+    compute = np.where(np.isfinite(compute) & (compute > 0), compute, np.nan)
+    n, n_ranks = compute.shape
+    reporting = np.isfinite(compute).sum(axis=1)
+    ok = reporting >= max(2, th.STRAGGLER_MIN_REPORTING * n_ranks)
+    log_c = np.log(compute)
+    med = np.full(n, np.nan)
+    if ok.any():
+        med[ok] = nanmedian(log_c[ok], axis=1)
+    x = log_c - med[:, None]
+    stride = np.diff(steps, prepend=steps[0] - (np.median(np.diff(steps)) if n > 1 else 1.0))
+    stride = np.clip(stride, 1.0, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        slowest = np.nanmax(compute, axis=1)
+        if total is not None:
+            whole = nanmedian(total[order], axis=1)
+        elif wait is not None:
+            whole = nanmedian(compute + np.where(np.isfinite(wait[order]), wait[order], 0), axis=1)
+        else:
+            whole = slowest
+    comm = np.clip(np.nan_to_num(whole - slowest), 0.0, None)
+    return _Job(steps, compute, x, stride, slowest + comm, comm)
+
+
+def _onset(y: np.ndarray, lo: int) -> int:
+    """Change point of a shift up in y (known zero level before it), searched from row lo."""
+    seg = np.where(np.isfinite(y[lo:]), y[lo:], 0.0)
+    if seg.size == 0:
+        return lo
+    tail_sum = np.cumsum(seg[::-1])[::-1]
+    count = np.arange(seg.size, 0, -1)
+    stat = np.where(tail_sum > 0, tail_sum**2 / count, 0.0)
+    return lo + int(np.argmax(stat))
+
+
+def _cost(job: _Job, ranks: list[int], slowdown: float, onset: int) -> tuple[float, np.ndarray]:
+    """Job time lost since `onset` (row) had `ranks` run `slowdown` faster, and the per-row gain."""
+    fixed = job.compute.copy()
+    fixed[:, ranks] /= 1.0 + slowdown
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gain = np.nan_to_num(np.nanmax(job.compute, axis=1) - np.nanmax(fixed, axis=1))
+    lost = float(np.sum((gain * job.stride)[onset:]))
+    return lost, gain
+
+
+def _straggler(
+    job: _Job,
+    kind: str,
+    ranks: list[int],
+    host: str | None,
+    series: np.ndarray,
+    level: float,
+    lo: int,
+    evidence: dict[str, Any],
+) -> Straggler:
+    """One finding: onset (change point of `series` above `level`), slowdown against the median
+    rank since then, and the job time lost since then."""
+    base = max(level, 0.0) if np.isfinite(level) else 0.0
+    onset = _onset(series - base, max(lo, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ratio = float(np.nanmedian(series[onset:]))
+    slowdown = max(float(np.expm1(ratio)), 0.0) if np.isfinite(ratio) else 0.0
+    cost, _ = _cost(job, ranks, slowdown, onset)
+    evidence = {
+        **evidence,
+        "ratio_to_median": float(np.exp(ratio)) if np.isfinite(ratio) else None,
+        "change_vs_own_level": float(np.expm1(ratio - level)) if np.isfinite(level) else None,
+        "onset_row": onset,
+    }
+    steps_affected = int(job.steps[-1] - job.steps[onset] + job.stride[onset])
+    onset_step = int(job.steps[onset])
+    return Straggler(kind, tuple(ranks), host, onset_step, slowdown, cost, steps_affected, evidence)
+
+
+def _host_groups(hosts: Sequence[str] | None, n_ranks: int) -> dict[str, list[int]]:
+    if hosts is None:
+        return {}
+    groups: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(str(h), []).append(r)
+    return {h: rs for h, rs in groups.items() if len(rs) >= 2 and len(rs) < n_ranks}
+
+
+def _nvidia_scores(job: _Job, rank: int, onset: int) -> dict[str, float]:
+    """NVIDIA resiliency-ext style scores for one rank over the rows since onset (evidence)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        recent = nanmedian(job.compute[onset:], axis=0)
+        best_own = np.nanmin(job.compute[:, rank])
+    return {
+        "relative_score": float(np.nanmin(recent) / recent[rank]),
+        "individual_score": float(best_own / recent[rank]),
+    }
+
+
+def _last_arrivals(job: _Job, wait: np.ndarray, skip: set[int]) -> list[tuple[int, float, int]]:
+    """Ranks last into the collective (least wait) in most recent rows: (rank, share, onset)."""
+    n, n_ranks = wait.shape
+    if n_ranks < th.STRAGGLER_LAST_MIN_RANKS or n < th.STRAGGLER_LAST_ROWS:
+        return []
+    w = np.where(np.isfinite(wait), wait, np.inf)
+    rows = np.isfinite(wait).sum(axis=1) >= max(2, th.STRAGGLER_MIN_REPORTING * n_ranks)
+    last = np.where(rows, np.argmin(w, axis=1), -1)
+    recent = last[-th.STRAGGLER_LAST_ROWS :]
+    out = []
+    for r in np.unique(recent[recent >= 0]):
+        share = float(np.mean(recent == r))
+        if share < th.STRAGGLER_LAST_SHARE or int(r) in skip:
+            continue
+        # Onset: where the rank's running share of "last" (from the end back) drops below half.
+        is_last = (last == r).astype(float)
+        back = np.cumsum(is_last[::-1]) / np.arange(1, n + 1)
+        below = np.nonzero(back < th.STRAGGLER_LAST_SHARE)[0]
+        onset = (
+            n - 1 - int(below[below >= th.STRAGGLER_LAST_ROWS][0]) + 1
+            if (below >= th.STRAGGLER_LAST_ROWS).any()
+            else 0
+        )
+        out.append((int(r), share, onset))
+    return out
+
+
+def _host_findings(
+    job: _Job, groups: dict[str, list[int]], rank_levels: np.ndarray, per_day: float, tests: int
+) -> list[Straggler]:
+    """Hosts whose ranks' mean moved, confirmed when most of its ranks moved with it."""
+    names = list(groups)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        xh = np.stack([np.nanmean(job.x[:, groups[h]], axis=1) for h in names], axis=1)
+    hs = scan(xh, tests=tests, rows_per_day=per_day, level_ratio=th.STRAGGLER_LEVEL_RATIO)
+    found = []
+    for j in map(int, np.nonzero(hs.current)[0]):
+        members = groups[names[j]]
+        level = 0.0 if hs.by_level[j] else float(hs.level[j])
+        lo = 0 if hs.by_level[j] else int(hs.start_end[:, j].min())
+        onset = _onset(xh[:, j] - max(level, 0.0), lo)
+        base = np.zeros(len(members)) if hs.by_level[j] else np.fmax(rank_levels[members], 0.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            moved = nanmedian(job.x[onset:, members], axis=0) - base
+            shift = float(np.nanmedian(xh[onset:, j])) - max(level, 0.0)
+        share = float(np.mean(moved >= 0.5 * shift)) if shift > 0 else 0.0
+        if share < th.STRAGGLER_HOST_SHARE:
+            continue
+        ev: dict[str, Any] = {"test": "host_level" if hs.by_level[j] else "host_change_cusum"}
+        ev |= {"share_of_ranks_slow": share, "noise_log": float(hs.sigma[j])}
+        found.append(_straggler(job, "host", members, names[j], xh[:, j], level, lo, ev))
+    return found
+
+
+def detect_stragglers(
+    steps: np.ndarray,
+    compute_s: np.ndarray,
+    hosts: Sequence[str] | None = None,
+    wait_s: np.ndarray | None = None,
+    total_s: np.ndarray | None = None,
+    *,
+    rows_per_day: float | None = None,
+) -> StragglerReport:
+    """Stragglers at the last row of the history, with the job-level cost and what-if pace.
+
+    `steps` (n,); `compute_s` (n, ranks), NaN where a rank did not report; `hosts[r]` is rank r's
+    host; `wait_s` the time each rank spent waiting inside the collective; `total_s` each rank's
+    whole step time. Rows need not be sorted. Pass the history since the run began (binned, if
+    long): a rank's normal level is learnt from it. `rows_per_day` sizes the false-alarm budget
+    (one per job-day over all tests); by default one row per 10 s.
+    """
+    steps, compute, wait, total = _validate(steps, compute_s, hosts, wait_s, total_s)
+    n, n_ranks = compute.shape
+    if n < th.STRAGGLER_MIN_ROWS + 2 or n_ranks < 3:
+        return EMPTY
+    order = np.argsort(steps, kind="stable")
+    job = _prepare(steps, compute, wait, total)
+    groups = _host_groups(hosts, n_ranks)
+    per_day = rows_per_day if rows_per_day is not None else 86400.0 / th.STRAGGLER_DEFAULT_ROW_S
+    tests = n_ranks + len(groups)
+    rs = scan(job.x, tests=tests, rows_per_day=per_day, level_ratio=th.STRAGGLER_LEVEL_RATIO)
+    found = _host_findings(job, groups, rs.level, per_day, tests) if groups else []
+    covered = {r for s in found for r in s.ranks}
+
+    def host_of(r: int) -> str | None:
+        return None if hosts is None else str(hosts[r])
+
+    for r in map(int, np.nonzero(rs.current)[0]):
+        if r in covered:
+            continue
+        by_level = bool(rs.by_level[r])
+        level = 0.0 if by_level else float(rs.level[r])
+        lo = 0 if by_level else int(rs.start_end[:, r].min())
+        ev: dict[str, Any] = {"test": "level" if by_level else "change_cusum"}
+        ev["noise_log"] = float(rs.sigma[r])
+        s = _straggler(job, "rank", [r], host_of(r), job.x[:, r], level, lo, ev)
+        s.evidence.update(_nvidia_scores(job, r, int(s.evidence["onset_row"])))
+        found.append(s)
+        covered.add(r)
+    if wait is not None:
+        for r, share, onset in _last_arrivals(job, wait[order], covered):
+            ev = {"test": "last_arrival", "share_last": share}
+            level = float(rs.level[r]) if np.isfinite(rs.level[r]) else 0.0
+            found.append(
+                _straggler(job, "last_arrival", [r], host_of(r), job.x[:, r], level, onset, ev)
+            )
+    return _report(job, found)
+
+
+def _report(job: _Job, found: list[Straggler]) -> StragglerReport:
+    tail = slice(-min(len(job.steps), th.STRAGGLER_LEVEL_MAX_ROWS // 4), None)
+    fixed = job.compute.copy()
+    for s in found:
+        fixed[:, list(s.ranks)] /= 1.0 + s.slowdown
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        job_step = float(np.nanmedian(job.step_time[tail]))
+        whatif = float(np.nanmedian((np.nanmax(fixed, axis=1) + job.comm)[tail]))
+        median_rank = nanmedian(job.compute, axis=1) + job.comm
+        median_step = float(np.nanmedian(median_rank[tail]))
+    stragglers = sorted(found, key=lambda s: -s.cost_s)
+    return StragglerReport(stragglers, median_step, job_step, min(whatif, job_step))

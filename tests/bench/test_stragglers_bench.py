@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.stragglers import __main__ as cli
+from bench.stragglers import data
+
+RANKS = Path(os.environ.get("RUNCAST_RANKS", "/work/shared/data/ranks"))
+needs_ranks = pytest.mark.skipif(
+    not (RANKS / "LABELS.csv").exists(), reason="rank trace not present"
+)
+
+
+@needs_ranks
+def test_it_loads_the_trace_with_its_episodes() -> None:
+    jobs = data.load_jobs(RANKS)
+    assert len(jobs) >= 2
+    for job in jobs:
+        assert job.compute.shape[0] == job.steps.size and job.compute.shape[1] >= 3
+        assert (job.steps[1:] > job.steps[:-1]).all()
+        assert 0 < job.days < 1
+    labelled = [e for j in jobs for e in j.episodes]
+    assert labelled and all(0 <= e.lo <= e.hi for e in labelled)
+
+
+@needs_ranks
+def test_the_bench_prints_its_table_and_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--data", str(RANKS), "--limit", "1", "--sizes", "64", "--cells", "19200"]
+    assert cli.main([*argv, "--json", "--skip-cost"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("set ") for line in out)  # the table
+    result = json.loads(out[-1])
+    assert result["jobs"] == len(data.load_jobs(RANKS))
+    recall = result["straggler_recall_by_slowdown"]
+    assert set(recall) == {"2", "5", "10", "20"}
+    assert all(v is None or 0.0 <= v <= 1.0 for v in recall.values())
+    # A 20% slowdown on one rank of a real job is well above its noise.
+    assert recall["20"] is not None and recall["20"] > 0.5
+    assert result["straggler_false_alarms_per_job_day"] >= 0.0
+    assert result["whatif_eta_error"] is None or 0.0 <= result["whatif_eta_error"] < 1.0
+    # The publisher-described episode (job 1, rank 6) is found.
+    assert result["episodes"]["recall_primary"] == 1.0
+    for name in ("nvidia_relative", "nvidia_individual", "nvidia_relative_matched"):
+        base = result["baselines"][name]
+        assert set(base["recall_by_slowdown"]) == {"2", "5", "10", "20"}
+        assert "false_alarms_per_job_day" in base
+    assert "straggler_delay_steps_median" in result

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from forecasting.estimators.stragglers import StragglerReport, detect_stragglers, nanmedian
+
+HOSTS = [f"node-{r // 8}" for r in range(32)]
+
+
+def world(
+    n: int = 600, ranks: int = 32, noise: float = 0.02, seed: int = 0, ar: float = 0.6
+) -> tuple[np.ndarray, np.ndarray]:
+    """Compute times of a synchronous job: a shared drift (the whole job speeds up and slows
+    down), small fixed per-rank offsets, and autocorrelated per-rank noise."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(n) * 10
+    drift = 1.0 + 0.1 * np.sin(np.arange(n) / 50.0)
+    offsets = 1.0 + 0.01 * rng.standard_normal(ranks)
+    eps = np.zeros((n, ranks))
+    shocks = rng.standard_normal((n, ranks)) * np.sqrt(1 - ar**2)
+    for t in range(1, n):
+        eps[t] = ar * eps[t - 1] + shocks[t]
+    compute = 0.5 * drift[:, None] * offsets * (1.0 + noise * eps)
+    return steps, compute
+
+
+def test_it_finds_one_slow_rank_with_its_onset_cost_and_what_if() -> None:
+    steps, clean = world()
+    compute = clean.copy()
+    compute[400:, 5] *= 1.2
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert [s.ranks for s in rep.stragglers] == [(5,)]
+    s = rep.stragglers[0]
+    assert s.kind == "rank" and s.host == "node-0"
+    assert s.slowdown == pytest.approx(0.2, abs=0.04)
+    assert abs(s.onset_step - steps[400]) <= 3 * 10
+    # Cost: the job time lost since the onset, against the same job without the slowdown.
+    lost = float(np.sum(compute.max(axis=1)[400:] - clean.max(axis=1)[400:]) * 10)
+    assert s.cost_s == pytest.approx(lost, rel=0.25)
+    assert s.steps_affected == pytest.approx(steps[-1] - steps[400] + 10, abs=40)
+    assert s.evidence["relative_score"] < 0.9 and s.evidence["individual_score"] < 0.9
+    # What-if: the recent job step had the straggler run at the median pace.
+    recent_clean = float(np.median(clean.max(axis=1)[-100:]))
+    assert rep.whatif_step_s == pytest.approx(recent_clean, rel=0.03)
+    assert rep.job_step_s == pytest.approx(float(np.median(compute.max(axis=1)[-100:])), rel=0.01)
+    assert 0.8 < rep.whatif_factor() < 0.9
+    json.dumps(rep.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("size", [1.05, 1.10])
+def test_it_finds_small_slowdowns_in_a_quiet_job(size: float) -> None:
+    steps, compute = world(noise=0.01)
+    compute[300:, 11] *= size
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert [s.ranks for s in rep.stragglers] == [(11,)]
+    assert abs(rep.stragglers[0].onset_step - steps[300]) <= 40 * 10
+
+
+def test_it_names_the_host_when_all_its_ranks_slow_down() -> None:
+    steps, compute = world()
+    compute[350:, 16:24] *= 1.10
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert len(rep.stragglers) == 1
+    s = rep.stragglers[0]
+    assert s.kind == "host" and s.host == "node-2" and s.ranks == tuple(range(16, 24))
+    assert s.slowdown == pytest.approx(0.10, abs=0.03)
+    assert abs(s.onset_step - steps[350]) <= 30 * 10
+
+
+def test_one_slow_rank_is_not_its_host() -> None:
+    steps, compute = world(noise=0.01)
+    compute[350:, 17] *= 1.5
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert [(s.kind, s.ranks) for s in rep.stragglers] == [("rank", (17,))]
+
+
+def test_it_finds_the_last_to_arrive_when_compute_shows_no_change() -> None:
+    steps, compute = world(noise=0.005, ar=0.0)
+    compute[:, 7] *= 1.02  # slow from the start, by little: no change, far below the level test
+    wait = compute.max(axis=1, keepdims=True) - compute + 0.01
+    assert detect_stragglers(steps, compute, HOSTS).stragglers == []
+    rep = detect_stragglers(steps, compute, HOSTS, wait_s=wait)
+    assert [(s.kind, s.ranks) for s in rep.stragglers] == [("last_arrival", (7,))]
+    assert rep.stragglers[0].evidence["share_last"] >= 0.5
+    assert rep.job_step_s == pytest.approx(float(np.median((compute + wait)[-100:])), rel=0.02)
+
+
+def test_a_rank_slow_from_the_start_by_a_lot_is_found_by_its_level() -> None:
+    steps, compute = world()
+    compute[:, 3] *= 1.3
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert [s.ranks for s in rep.stragglers] == [(3,)]
+    assert rep.stragglers[0].evidence["test"] == "level"
+    assert rep.stragglers[0].slowdown == pytest.approx(0.3, abs=0.05)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_it_reports_nothing_on_a_clean_noisy_job(seed: int) -> None:
+    steps, compute = world(noise=0.05, seed=seed)
+    rep = detect_stragglers(steps, compute, HOSTS)
+    assert isinstance(rep, StragglerReport)
+    assert rep.stragglers == []
+    assert rep.whatif_factor() == 1.0
+
+
+def test_a_steady_offset_is_not_a_straggler() -> None:
+    steps, compute = world(seed=4)
+    compute[:, 9] *= 1.09  # the trace's control job has a rank like this all run long
+    assert detect_stragglers(steps, compute, HOSTS).stragglers == []
+
+
+def test_a_short_blip_is_not_a_straggler() -> None:
+    steps, compute = world(noise=0.01, seed=5)
+    compute[400:402, 9] *= 1.5
+    assert detect_stragglers(steps, compute, HOSTS).stragglers == []
+
+
+def test_it_survives_gaps_and_unsorted_rows() -> None:
+    steps, compute = world(seed=6)
+    compute[400:, 5] *= 1.2
+    rng = np.random.default_rng(0)
+    compute[rng.random(compute.shape) < 0.05] = np.nan
+    compute[100:200, 9] = np.nan  # a rank that stopped reporting for a while
+    compute[:, 30] = np.nan  # and one that never reported
+    compute[50:53, :] = np.nan  # rows where nobody reported
+    order = rng.permutation(steps.size)
+    rep = detect_stragglers(steps[order], compute[order], HOSTS)
+    assert [s.ranks for s in rep.stragglers] == [(5,)]
+    assert abs(rep.stragglers[0].onset_step - steps[400]) <= 5 * 10
+    json.dumps(rep.to_dict(), allow_nan=False)
+
+
+def test_too_little_history_gives_an_empty_report() -> None:
+    steps, compute = world(n=20)
+    rep = detect_stragglers(steps, compute)
+    assert rep.stragglers == [] and rep.whatif_factor() == 1.0
+
+
+def test_it_names_the_field_on_bad_input() -> None:
+    with pytest.raises(ValueError, match="compute_s"):
+        detect_stragglers(np.arange(5), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="steps"):
+        detect_stragglers(np.ones((5, 2)), np.ones((5, 3)))
+    with pytest.raises(ValueError, match="hosts"):
+        detect_stragglers(np.arange(5), np.ones((5, 3)), hosts=["a"])
+    with pytest.raises(ValueError, match="wait_s"):
+        detect_stragglers(np.arange(5), np.ones((5, 3)), wait_s=np.ones((5, 2)))
+
+
+def test_nanmedian_matches_numpy() -> None:
+    a = np.random.default_rng(1).standard_normal((50, 7))
+    a[a > 1] = np.nan
+    a[:, 3] = np.nan
+    for axis in (0, 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN column
+            want = np.nanmedian(a, axis=axis)
+        np.testing.assert_allclose(nanmedian(a, axis), want)
