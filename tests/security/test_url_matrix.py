@@ -26,17 +26,18 @@ from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, r
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from tracker import settings_services
+from tracker import invitations, settings_services
 from tracker.models import ApiToken, Deadline, Membership, Project, Run
 from tracker.services import token_create
 
 pytestmark = pytest.mark.django_db
 
 # Who may do something, from least to most: a level is met by every role at or above it.
-LEVELS = ("public", "user", "viewer", "member", "owner")
+# "staff": Django staff only (no project role reaches it).
+LEVELS = ("public", "user", "viewer", "member", "owner", "staff")
 ROLES = ("anonymous", "outsider", "viewer", "member", "owner")
 RANK = {role: i for i, role in enumerate(ROLES)}  # anonymous 0 ... owner 4
-NEED = {"public": 0, "user": 1, "viewer": 2, "member": 3, "owner": 4}
+NEED = {"public": 0, "user": 1, "viewer": 2, "member": 3, "owner": 4, "staff": 5}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,17 @@ PAGES: dict[str, Page] = {
     "dashboard:member-add": Page(get=None, post="owner", data={"user": "x", "role": "viewer"}),
     "dashboard:member-update": Page(get=None, post="owner", data={"role": "member"}),
     "dashboard:token-new": Page(get=None, post="member", data={"name": "t", "scope": "read"}),
+    # Projects are created by staff unless RUNCAST_USERS_CAN_CREATE_PROJECTS (off in tests).
+    "dashboard:project-new": Page(get="staff", post="staff", project=False),
+    "dashboard:member-invite": Page(
+        get=None, post="owner", data={"email": "new@example.com", "role": "viewer"}
+    ),
+    "dashboard:member-create": Page(get=None, post="owner"),
+    "dashboard:invitation-revoke": Page(get=None, post="owner"),
+    # The invitation link's token is the credential: anyone holding it may see and spend it.
+    "dashboard:invite-accept": Page(get="public", post="public", project=False),
+    "password_change": Page(get="user", post="user", project=False),
+    "password_change_done": Page(get="user", post=None, project=False),
     "dashboard:token-revoke": Page(get=None, post="member"),
     "dashboard:deadline-new": Page(get="member", post="member"),
     "dashboard:deadline-edit": Page(get="member", post="member"),
@@ -210,6 +222,8 @@ class World:
     tokens: dict[str, str]
     token_row: ApiToken
     membership: Membership
+    invitation_id: int
+    invitation_token: str
 
     def kwargs(self, url: Url, project: str | None = None) -> dict[str, Any]:
         values: dict[str, Any] = {
@@ -220,6 +234,8 @@ class World:
             "token_id": self.token_row.pk,
             "slug": self.deadline.slug,
             "kind": "nan",
+            "invitation_id": self.invitation_id,
+            "token": self.invitation_token,
         }
         missing = [p for p in url.params if p not in values]
         assert not missing, f"{url.name}: no real value for path parameter(s) {missing}"
@@ -240,6 +256,8 @@ class World:
             sorted(ApiToken.objects.filter(project=project).values_list("pk", "revoked_at")),
             sorted(Channel.objects.filter(project=project).values_list("pk", "name", "target")),
             sorted(Deadline.objects.filter(project=project).values_list("slug", "name")),
+            sorted(project.invitations.values_list("email", "revoked_at", "accepted_at")),
+            Project.objects.count(),
             list(project.alert_rules.values_list("kind", "severity", "cooldown")),
             list(Run.objects.filter(project=project).values_list("public_id", "status")),
         )
@@ -265,6 +283,9 @@ def world(
         timezone="UTC",
     )
     read = token_create(project=project, name="reader", scope=ApiToken.Scope.READ)
+    issued = invitations.invitation_create(
+        project=project, email="invited@example.com", role="viewer", invited_by=owner
+    )
     tokens = {
         "read": read,
         "write": token_create(project=project, name="writer", scope=ApiToken.Scope.WRITE),
@@ -287,6 +308,8 @@ def world(
         tokens=tokens,
         token_row=ApiToken.objects.get(project=project, name="reader"),
         membership=Membership.objects.get(project=project, user=viewer),
+        invitation_id=issued.invitation.pk,
+        invitation_token=issued.link.rstrip("/").rsplit("/", 1)[-1],
     )
 
 
@@ -369,7 +392,7 @@ def test_the_pages_every_user_opens_show_an_outsider_nothing_of_the_project(
     assert world.run.public_id not in body and world.project.name not in body
 
 
-OBJECT_PARAMS = {"run_id", "channel_id", "membership_id", "token_id", "slug"}
+OBJECT_PARAMS = {"run_id", "channel_id", "membership_id", "token_id", "slug", "invitation_id"}
 
 
 @pytest.mark.parametrize(
@@ -396,6 +419,8 @@ def test_an_owner_of_another_project_cannot_reach_its_objects_through_their_own(
 def test_every_post_without_a_csrf_token_is_refused(world: World, url: Url) -> None:
     page = PAGES[url.name]
     role = "owner" if page.post != "public" else "anonymous"
+    if page.post == "staff":
+        User.objects.filter(pk=world.users["owner"].pk).update(is_staff=True)
     client = _client(world, role, csrf=True)
     path = world.path(url)
     before = world.state()
