@@ -59,6 +59,8 @@ class Watched:
 def test_every_page_works_under_the_policy_without_a_violation(
     browser: Any, live_server: Any, owner: Any, project: Project
 ) -> None:
+    owner.is_staff = owner.is_superuser = True  # the admin's pages too
+    owner.save()
     seed(project, now=timezone.now())
     run = Run.objects.filter(project=project).order_by("pk").first()
     assert run is not None
@@ -84,9 +86,13 @@ def test_every_page_works_under_the_policy_without_a_violation(
         f"/projects/{project.slug}/alerts/channels/",
         f"/projects/{project.slug}/alerts/rules/",
         f"/projects/{project.slug}/deadlines/new/",
+        "/account/password/",
+        "/admin/",
+        "/admin/tracker/run/",
+        f"/admin/tracker/run/{run.pk}/change/",
         "/api/v1/docs",
     ):
-        w.visit(path)
+        assert w.visit(path).status == 200, path
     # Swagger UI rendered the schema from its static bundle.
     w.page.wait_for_selector(".swagger-ui .opblock", timeout=15_000)
     ctx.close()
