@@ -38,6 +38,17 @@ def digest_hour() -> int:
     return int(_get("RUNCAST_ALERTS_DIGEST_HOUR", 8))
 
 
+def allow_private_targets() -> bool:
+    """Let Slack and webhook channels reach loopback, private and link-local addresses: for an
+    on-premise receiver. Off by default: any project member chooses these URLs (SSRF)."""
+    value = getattr(settings, "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", None)
+    if value is None:
+        value = os.environ.get("RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", "")
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 def slack_webhook_url() -> str:
     return str(
         getattr(settings, "RUNCAST_SLACK_WEBHOOK_URL", "")

@@ -6,6 +6,7 @@ from django.urls import include, path
 
 from config.api import api
 from config.views import healthz
+from dashboard.login import LoginView
 
 urlpatterns = [
     path("api/v1/", api.urls),
@@ -13,7 +14,7 @@ urlpatterns = [
     path("", include("tracker.mlflow.urls")),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "account/password/",

@@ -9,6 +9,7 @@ from django.core.validators import URLValidator, validate_email
 
 from alerts.kinds import BY_KEY
 from alerts.models import Channel, Rule, Severity
+from alerts.transports.http import target_problem
 from tracker.models import Project
 
 _url = URLValidator(schemes=["http", "https"])
@@ -43,6 +44,11 @@ class ChannelForm(forms.Form):
                 _url(target)
             except ValidationError:
                 self.add_error("target", "an http(s) URL")
+                return data
+            # The same rule every request meets when it connects; here it is a clear error early.
+            problem = target_problem(target)
+            if problem:
+                self.add_error("target", problem)
         return data
 
 

@@ -7,7 +7,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from alerts import selectors, services
 from alerts.models import Channel
@@ -22,6 +22,7 @@ HISTORY_LIMIT = 200
 
 
 @login_required
+@require_GET
 def project_alerts(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     history = selectors.notification_list(project=membership.project)[:HISTORY_LIMIT]
@@ -30,6 +31,7 @@ def project_alerts(request: HttpRequest, project: str) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def run_alerts(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     run = run_for(user=request.user, project_slug=project, run_id=run_id)
@@ -44,6 +46,7 @@ def run_alerts(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def channel_list(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     form = ChannelForm(request.POST or None) if request.method == "POST" else ChannelForm()
@@ -75,6 +78,7 @@ def _channel(request: HttpRequest, project: str, channel_id: int) -> tuple[Membe
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def channel_edit(request: HttpRequest, project: str, channel_id: int) -> HttpResponse:
     membership, channel = _channel(request, project, channel_id)
     initial = {
@@ -119,6 +123,7 @@ def channel_test(request: HttpRequest, project: str, channel_id: int) -> HttpRes
 
 
 @login_required
+@require_GET
 def rule_list(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     rows = selectors.rule_rows(project=membership.project)
@@ -127,6 +132,7 @@ def rule_list(request: HttpRequest, project: str) -> HttpResponse:
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def rule_edit(request: HttpRequest, project: str, kind: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project, need=EDIT)
     row = selectors.rule_row(project=membership.project, kind=kind)

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from dashboard import forms
 from tracker import invitations
@@ -68,6 +68,7 @@ def _project_initial(project: Project) -> dict[str, Any]:
 
 
 @login_required
+@require_GET
 def settings_page(request: HttpRequest, project: str) -> HttpResponse:
     return _page(request, membership_for(user=request.user, project_slug=project))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -133,7 +134,8 @@ def _accept(
         form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         return None
     if user is None:
-        login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+        # The configured backend (the throttled one): a session naming any other is not honoured.
+        login(request, membership.user, backend=settings.AUTHENTICATION_BACKENDS[0])
     return redirect("dashboard:settings", project=membership.project.slug)
 
 

@@ -15,6 +15,9 @@ MAX_KEY_LENGTH = 200
 # Event payloads and run config are for small facts (a path, an optimizer), not blobs.
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
 MAX_CONFIG_BYTES = 256 * 1024
+# Nesting of run config and event payloads: real configs are a few levels deep, and a bound keeps
+# every later reader (json.dumps, the run page, jsonb) far from any recursion limit.
+MAX_JSON_DEPTH = 32
 MAX_TAGS = 64
 MAX_HOSTS = 4_096
 # Every client-supplied time (epoch seconds): 1970 to 2106. Outside it a datetime cannot hold it

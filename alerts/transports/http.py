@@ -1,24 +1,50 @@
 """The one outbound HTTP seam: every Slack and webhook request goes through post_json.
 
-Standard library only, and always with a timeout: a hung endpoint must cost a worker seconds,
-not its whole time limit.
+Any project member chooses where these requests go, so the seam is a guard against server-side
+request forgery (the rule healthchecks applies to its integrations):
+- http and https only;
+- the host is resolved once, when connecting, and every address it resolves to is checked; the
+  socket connects to a checked address, never to the name again, so a DNS answer that changes
+  between a check and the connect (DNS rebinding) cannot reach another address. TLS still sends
+  the name (SNI) and verifies the certificate against it; Host carries the name;
+- loopback, private, link-local, shared (CGNAT), multicast, reserved and unspecified addresses
+  are refused, IPv4 and IPv6 alike, including IPv4 written inside IPv6 (::ffff:127.0.0.1,
+  NAT64, 6to4) unless the operator allows private targets (RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS,
+  for an on-premise Mattermost or webhook receiver);
+- redirects are never followed (a 3xx is an answer like any other non-2xx);
+- at most MAX_BODY bytes of the answer are read, and every socket operation has a timeout.
+Proxies from the environment are not used: the check must see the address actually connected.
+
+Standard library only: a hung endpoint must cost a worker seconds, not its whole time limit.
 """
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
+import logging
+import re
 import socket
-import urllib.error
-import urllib.request
+import ssl
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+from alerts import conf
 from alerts.transports.base import TransportError
+
+logger = logging.getLogger(__name__)
 
 USER_AGENT = "Runcast-Alerts/1.0"
 DEFAULT_TIMEOUT_S = 10.0
 # Enough of an error body to show why it failed; never the whole page.
 MAX_BODY = 2_000
+# A body shown to users at all must look like a vendor's error code ("invalid_token"), not a page.
+_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 @dataclass(frozen=True)
@@ -27,8 +53,149 @@ class Response:
     text: str
 
 
+class TargetRefused(TransportError):
+    """The URL may never be requested as configured: its scheme, or where its host resolves."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=True)
+
+
 def encode(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def error_code(text: str) -> str:
+    """The part of an error answer that is safe to show: a short code or nothing."""
+    text = text.strip()
+    return text if _CODE.fullmatch(text) else ""
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    # IPv6 forms that carry an IPv4 address a gateway or the kernel would reach.
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo:
+        found.extend(ip.teredo)
+    if ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def address_is_public(ip: IpAddress) -> bool:
+    """True only for a globally routable unicast address (and any IPv4 inside it)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id:
+            return False
+        if not all(address_is_public(v4) for v4 in _embedded_ipv4(ip)):
+            return False
+        if ip.is_site_local:
+            return False
+    blocked = (
+        ip.is_loopback
+        or ip.is_private
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+    )
+    return ip.is_global and not blocked
+
+
+def _split(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path with query) of an http(s) URL, or TargetRefused."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as e:
+        raise TargetRefused(f"not a valid URL: {e}") from e
+    if parts.scheme not in ("http", "https"):
+        raise TargetRefused(f"not an http(s) URL: {url[:80]}")
+    if not parts.hostname:
+        raise TargetRefused("the URL has no host")
+    if parts.username is not None or parts.password is not None:
+        raise TargetRefused("credentials in the URL are not supported")
+    default = 443 if parts.scheme == "https" else 80
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.scheme, parts.hostname, port or default, path
+
+
+def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
+    """getaddrinfo's answers for host; a failed lookup may succeed later (not permanent)."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise TransportError(f"could not resolve {host[:100]}", permanent=False) from e
+
+
+def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
+    if conf.allow_private_targets():
+        return infos
+    allowed = [i for i in infos if address_is_public(ipaddress.ip_address(i[4][0]))]
+    if not allowed:
+        # The address stays in the server log: telling a project member which private address
+        # an internal name has would map the network for them.
+        logger.warning("refused an alert request to %s (%s)", host, [i[4][0] for i in infos])
+        raise TargetRefused(
+            f"refused: {host[:100]} is a private, loopback, link-local or reserved address "
+            "(an operator can allow private targets with RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS)"
+        )
+    return allowed
+
+
+def vetted_socket(host: str, port: int, timeout: float) -> socket.socket:
+    """A socket connected to an address of host that passed the check, resolved only here."""
+    error: OSError | None = None
+    for family, socktype, proto, _, address in _allowed(_resolve(host, port), host):
+        sock = socket.socket(family, socktype, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    assert error is not None  # _allowed never returns an empty list
+    raise error
+
+
+class _VettedHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.timeout_s = timeout
+
+    def connect(self) -> None:
+        self.sock = vetted_socket(self.host, self.port, self.timeout_s)
+
+
+class _VettedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+        self.tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=self.tls)
+        self.timeout_s = timeout
+
+    def connect(self) -> None:
+        sock = vetted_socket(self.host, self.port, self.timeout_s)
+        # SNI and certificate checks against the name, over the socket to the checked address.
+        self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+
+
+def target_problem(url: str) -> str | None:
+    """Why a channel URL will be refused, for the form at save time, or None.
+
+    A name that does not resolve now is accepted (DNS may be down, or the name not yet
+    published); the check that counts runs again on every connect.
+    """
+    try:
+        _, host, port, _ = _split(url)
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            return None
+        _allowed(infos, host)
+    except TargetRefused as e:
+        return e.message
+    return None
 
 
 def post_json(
@@ -39,28 +206,31 @@ def post_json(
 ) -> Response:
     """POST body (already-encoded bytes or a JSON-able object); return status and text.
 
-    HTTP error statuses are returned for the transport to judge; only network failures and
-    timeouts raise (as transient TransportError).
+    HTTP error statuses (3xx included: redirects are not followed) are returned for the
+    transport to judge. A refused target raises a permanent TransportError; network failures
+    and timeouts raise a transient one.
     """
-    if not url.startswith(("https://", "http://")):
-        raise TransportError(f"not an http(s) URL: {url[:80]}", permanent=True)
+    scheme, host, port, path = _split(url)
     data = body if isinstance(body, bytes) else encode(body)
-    request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-        url,
-        data=data,
-        method="POST",
-        headers={"Content-Type": "application/json", "User-Agent": USER_AGENT, **(headers or {})},
-    )
+    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
+    connection = connection_class(host, port, timeout=timeout)
+    all_headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        **(headers or {}),
+    }
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
-            return Response(resp.status, resp.read(MAX_BODY).decode("utf-8", "replace"))
-    except urllib.error.HTTPError as e:
-        return Response(e.code, e.read(MAX_BODY).decode("utf-8", "replace"))
+        connection.request("POST", path, body=data, headers=all_headers)
+        response = connection.getresponse()
+        text = response.read(MAX_BODY).decode("utf-8", "replace")
+        return Response(response.status, text)
+    except TransportError:
+        raise
     except TimeoutError as e:
         raise TransportError(f"timed out after {timeout:g} s", permanent=False) from e
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, TimeoutError | socket.timeout):
-            raise TransportError(f"timed out after {timeout:g} s", permanent=False) from e
-        raise TransportError(f"connection failed: {e.reason}", permanent=False) from e
-    except (ConnectionError, OSError) as e:
+    except ssl.SSLError as e:
+        raise TransportError(f"TLS failed: {e.reason or e}", permanent=False) from e
+    except (http.client.HTTPException, OSError) as e:
         raise TransportError(f"connection failed: {e}", permanent=False) from e
+    finally:
+        connection.close()

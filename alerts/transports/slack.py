@@ -75,6 +75,12 @@ class SlackTransport(Transport):
         response = http.post_json(self.channel.target, blocks(message), timeout=timeout)
         if 200 <= response.status < 300:
             return
-        code = response.text.strip()[:200]
+        # Only a short error code of the answer is kept: the text is shown on the channel page,
+        # and an arbitrary body there would let a member read pages the server fetched.
+        code = http.error_code(response.text)
+        redirect = " (redirects are not followed)" if 300 <= response.status < 400 else ""
         permanent = code in PERMANENT_CODES or response.status in (404, 410)
-        raise TransportError(f"Slack answered {response.status} {code}", permanent=permanent)
+        raise TransportError(
+            f"Slack answered {response.status}{f' {code}' if code else ''}{redirect}",
+            permanent=permanent,
+        )

@@ -49,7 +49,10 @@ class WebhookTransport(Transport):
         response = http.post_json(self.channel.target, body, headers, timeout=conf.http_timeout_s())
         if 200 <= response.status < 300:
             return
+        # The status only: the body is the receiver's (or, for a hostile URL, someone else's)
+        # page, and the error is shown on the channel page.
+        redirect = " (redirects are not followed)" if 300 <= response.status < 400 else ""
         raise TransportError(
-            f"webhook answered {response.status} {response.text.strip()[:200]}",
+            f"webhook answered {response.status}{redirect}",
             permanent=response.status in PERMANENT_STATUSES,
         )

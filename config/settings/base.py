@@ -7,10 +7,13 @@ CELERY_BROKER_URL (see docs/deployment.md).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
+from config.security import embedded_secret_key
 from tracker.limits import MAX_REQUEST_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -22,8 +25,19 @@ env = environ.Env(
 )
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-# The fallback key only exists so the embedded demo starts; production must set SECRET_KEY.
-SECRET_KEY = env.str("SECRET_KEY", default="runcast-insecure-development-key-change-me")
+# Embedded mode is the install without DATABASE_URL (scripts/dev: SQLite under var/). There a
+# random key is made once and kept in var/secret-key; anywhere else SECRET_KEY must be set, and
+# starting without it is refused rather than signing sessions with a key someone else knows.
+EMBEDDED = "DATABASE_URL" not in os.environ
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not EMBEDDED:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it to a long random string (for example the output of "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`); only the embedded "
+            "install (no DATABASE_URL) makes its own, in var/secret-key."
+        )
+    SECRET_KEY = embedded_secret_key(VAR_DIR / "secret-key")
 DEBUG = env("DEBUG")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
@@ -48,6 +62,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "tracker.api.middleware.RequestSizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -100,6 +115,55 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- HTTP security (docs/deployment.md "Security") ------------------------------------------
+# HTTPS is on when SITE_URL is https (Runcast serves TLS itself or, usually, behind a proxy that
+# terminates it): the http site redirects there, cookies are Secure, browsers are told by HSTS
+# to use nothing else. RUNCAST_TLS=false/true overrides the guess.
+TLS = env.bool("RUNCAST_TLS", default=SITE_URL.startswith("https://"))
+if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
+    # Only behind a proxy that sets this header itself (and drops a client's): otherwise a
+    # client could claim https. gunicorn also honours it from FORWARDED_ALLOW_IPS.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=TLS)
+# The compose healthcheck asks the container over plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_SECURE = TLS
+CSRF_COOKIE_SECURE = TLS
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 86400 if TLS else 0)
+# Subdomains of Runcast's own host name only; preload has no effect until the registrable
+# domain is submitted to the browsers' preload list, which is the operator's decision.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=TLS)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=TLS)
+SESSION_COOKIE_HTTPONLY = True
+# No script reads the CSRF cookie: forms carry the token, htmx only GETs.
+CSRF_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Scripts and stylesheets only from static/ (htmx and uPlot are vendored; the pages have no
+# inline script). Inline style *attributes* stay allowed (style-src-attr): the board and progress
+# bars position themselves with computed `style="left:…%"`; <style> elements do not.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "style-src-attr 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+# Failed logins per (username, client address): after this many, 429 for the lockout.
+RUNCAST_LOGIN_MAX_FAILURES = env.int("RUNCAST_LOGIN_MAX_FAILURES", default=5)
+RUNCAST_LOGIN_LOCKOUT_S = env.int("RUNCAST_LOGIN_LOCKOUT_S", default=15 * 60)
+AUTHENTICATION_BACKENDS = ["dashboard.login.ThrottledModelBackend"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -6,6 +6,11 @@ PostgreSQL and Redis while a laptop falls back to SQLite.
 
 from __future__ import annotations
 
+import os
+
+# Base refuses to start without SECRET_KEY outside the embedded mode (CI sets DATABASE_URL).
+os.environ.setdefault("SECRET_KEY", "test-only-key-" + "x" * 50)
+
 from config.settings.base import *  # noqa: F403
 
 # Hashing passwords slowly protects nothing in tests and costs seconds per login.
@@ -26,7 +31,6 @@ SITE_URL = "http://testserver"
 if CELERY_BROKER_URL.startswith("filesystem://"):  # noqa: F405
     # A broker folder of this test process's own: a running `scripts/dev` worker shares var/broker
     # and would otherwise take the tasks a test sends to its own worker.
-    import os
     import tempfile
     from pathlib import Path
 

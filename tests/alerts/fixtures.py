@@ -170,6 +170,9 @@ def sink(_http_server: tuple[ThreadingHTTPServer, HttpSink], settings: Any) -> H
         sink.requests.clear()
         sink.scripts.clear()
     settings.RUNCAST_ALERTS_HTTP_TIMEOUT = 2.0
+    # The sink listens on 127.0.0.1: reachable only with the operator's on-premise switch on
+    # (tests/security/test_ssrf.py proves loopback is refused without it).
+    settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = True
     return sink
 
 

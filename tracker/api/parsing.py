@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tracker import limits
-from tracker.api.schemas import BatchIn, TimingsIn
+from tracker.api.schemas import BatchIn, TimingsIn, text_problem
 from tracker.services import EventIn, RankTimingsIn, SeriesIn, ServiceError, from_epoch
 
 
@@ -128,19 +128,24 @@ def timings_from_payload(payload: TimingsIn) -> RankTimingsIn:
 
 def json_check(value: Any, *, field: str) -> None:
     """Refuse free-form JSON the database cannot store: PostgreSQL's jsonb (and SQLite's
-    JSON_VALID) reject NaN and Infinity, and jsonb rejects U+0000 in strings and keys.
+    JSON_VALID) reject NaN and Infinity, and jsonb rejects U+0000 and lone surrogates in strings
+    and keys. Nesting deeper than MAX_JSON_DEPTH is refused too.
 
     Iterative, so a deeply nested document costs no recursion.
     """
-    stack = [value]
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             raise ServiceError("NaN and Infinity cannot be stored here", field=field)
-        if isinstance(item, str) and "\x00" in item:
-            raise ServiceError("NUL (U+0000) characters cannot be stored here", field=field)
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem:
+                raise ServiceError(f"strings here {problem}", field=field)
+        if isinstance(item, dict | list | tuple):
+            if depth >= limits.MAX_JSON_DEPTH:
+                raise ServiceError(
+                    f"nested deeper than MAX_JSON_DEPTH ({limits.MAX_JSON_DEPTH})", field=field
+                )
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)

@@ -13,14 +13,28 @@ RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 SESSION_PATTERN = r"^[A-Za-z0-9_\-]{1,64}$"
 
 
-def _no_nul(value: str) -> str:
-    # PostgreSQL text and jsonb cannot hold U+0000: refuse it here rather than fail the INSERT.
+def text_problem(value: str) -> str | None:
+    """Why a string cannot be stored, or None. PostgreSQL text and jsonb cannot hold U+0000,
+    and a lone surrogate (JSON allows "\\udc00"; Python decodes it to an unpaired code point)
+    is no Unicode text at all: jsonb refuses it and neither UTF-8 driver can even send it."""
     if "\x00" in value:
-        raise ValueError("must not contain NUL (U+0000) characters")
+        return "must not contain NUL (U+0000) characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain a lone surrogate (U+D800-U+DFFF): not valid Unicode"
+    return None
+
+
+def _storable(value: str) -> str:
+    # Refused here, naming the field, rather than failing the INSERT with a 500.
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(_storable)]
 # Epoch seconds a datetime can hold; a time in milliseconds is refused, not stored as year 55,000.
 EpochSeconds = Annotated[
     float, Field(ge=limits.MIN_EPOCH_S, le=limits.MAX_EPOCH_S, allow_inf_nan=False)
@@ -31,7 +45,7 @@ Step = Annotated[int, Field(ge=-limits.MAX_ABS_STEP, le=limits.MAX_ABS_STEP)]
 class RunCreateIn(Schema):
     id: str = Field(pattern=RUN_ID_PATTERN)
     session: str = Field(pattern=SESSION_PATTERN)
-    project: str | None = None
+    project: Text | None = None
     name: Text | None = Field(default=None, max_length=200)
     total_steps: int | None = Field(default=None, ge=1, le=2**62)
     progress_unit: Literal["steps", "tokens", "samples"] = "steps"
@@ -120,7 +134,7 @@ class BatchOut(Schema):
 class FinishIn(Schema):
     status: Literal["finished", "failed", "crashed"] = "finished"
     time: EpochSeconds | None = None
-    session: str | None = None
+    session: Text | None = Field(default=None, max_length=64)
 
 
 class ErrorOut(Schema):
