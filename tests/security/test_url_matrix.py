@@ -26,7 +26,7 @@ from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, r
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from tracker import invitations, settings_services
+from tracker import gpu_services, invitations, settings_services
 from tracker.models import ApiToken, Deadline, Membership, Project, Run
 from tracker.services import token_create
 
@@ -63,6 +63,9 @@ PAGES: dict[str, Page] = {
     "dashboard:board-partial": Page(get="user", post=None, project=False),
     "dashboard:run": Page(get="viewer", post=None),
     "dashboard:run-summary": Page(get="viewer", post=None),
+    "dashboard:run-ranks": Page(get="viewer", post=None),
+    "dashboard:run-plan": Page(get=None, post="member", data={"total_steps": "20"}),
+    "dashboard:host": Page(get="viewer", post=None),
     "dashboard:run-series": Page(get="viewer", post=None),
     "dashboard:run-throughput": Page(get="viewer", post=None),
     "dashboard:run-overview": Page(get="viewer", post=None),
@@ -138,7 +141,16 @@ API: dict[str, Api] = {
         {"session": "s1", "seq": 1, "metrics": {"loss": {"steps": [1], "values": [2.0]}}},
     ),
     "api-v1:run_finish": Api("POST", "write", {"status": "failed"}),
+    "api-v1:timings_create": Api(
+        "POST", "write", {"session": "r1", "seq": 1, "rank": 1, "steps": [1], "compute_s": [0.5]}
+    ),
+    "api-v1:host_create": Api("POST", "write", {"host": "node-9", "session": "a1"}),
+    "api-v1:host_batch": Api("POST", "write", {"session": "a1", "seq": 1}),
+    "api-v1:host_finish": Api("POST", "write"),
 }
+# The MLflow tracking API (tracker/mlflow): token-authenticated like /api/v1/, but it answers
+# in MLflow's error JSON; its own matrix is test_the_mlflow_api_answers_each_token_as_mlflow_does.
+MLFLOW = {"mlflow-api", "mlflow-artifacts"}
 # Django's admin guards its own views (staff only); every page of it, whatever models other
 # apps register, must send our non-staff users to its login.
 ADMIN_NAMESPACE = "admin"
@@ -185,6 +197,8 @@ def _is_admin(name: str) -> bool:
 
 def _where_to_classify(name: str) -> str:
     table = "API" if name.startswith("api-v1:") else "PAGES"
+    if name in MLFLOW:
+        return f"{name!r} is an MLflow route: test it in the MLflow matrix below"
     return (
         f"URL name {name!r} is not classified: add it to {table} in "
         "tests/security/test_url_matrix.py with the least role that may GET and POST it "
@@ -193,16 +207,22 @@ def _where_to_classify(name: str) -> str:
 
 
 URLS = resolver_urls()
-PAGE_URLS = [u for u in URLS if not u.name.startswith("api-v1:") and not _is_admin(u.name)]
+PAGE_URLS = [
+    u
+    for u in URLS
+    if not u.name.startswith("api-v1:") and not _is_admin(u.name) and u.name not in MLFLOW
+]
 API_URLS = [u for u in URLS if u.name.startswith("api-v1:")]
 ADMIN_URLS = [u for u in URLS if _is_admin(u.name)]
 
 
 def test_every_url_is_classified() -> None:
     names = {u.name for u in URLS}
-    unknown = sorted(n for n in names if not _is_admin(n) and n not in PAGES and n not in API)
+    unknown = sorted(
+        n for n in names if not _is_admin(n) and n not in PAGES and n not in API and n not in MLFLOW
+    )
     assert not unknown, "\n".join(_where_to_classify(n) for n in unknown)
-    stale = sorted((set(PAGES) | set(API)) - names)
+    stale = sorted((set(PAGES) | set(API) | MLFLOW) - names)
     assert not stale, f"classified but no longer routed (remove them): {stale}"
     unnamed = [u.route for u in URLS if u.name.endswith("<unnamed>") and not _is_admin(u.name)]
     assert not unnamed, f"every URL pattern needs a name to be classified: {unnamed}"
@@ -236,6 +256,7 @@ class World:
             "kind": "nan",
             "invitation_id": self.invitation_id,
             "token": self.invitation_token,
+            "host": "node-3",
         }
         missing = [p for p in url.params if p not in values]
         assert not missing, f"{url.name}: no real value for path parameter(s) {missing}"
@@ -259,7 +280,11 @@ class World:
             sorted(project.invitations.values_list("email", "revoked_at", "accepted_at")),
             Project.objects.count(),
             list(project.alert_rules.values_list("kind", "severity", "cooldown")),
-            list(Run.objects.filter(project=project).values_list("public_id", "status")),
+            list(
+                Run.objects.filter(project=project).values_list(
+                    "public_id", "status", "total_steps"
+                )
+            ),
         )
 
 
@@ -283,6 +308,7 @@ def world(
         timezone="UTC",
     )
     read = token_create(project=project, name="reader", scope=ApiToken.Scope.READ)
+    gpu_services.host_register(project=project, name="node-3", boot_id="", gpus=[])
     issued = invitations.invitation_create(
         project=project, email="invited@example.com", role="viewer", invited_by=owner
     )
@@ -471,7 +497,7 @@ def test_every_api_operation_answers_each_token_as_classified(
         assert status == 401, f"{what}: {status}"
     elif token == "other":
         # Another project's token of the right scope sees and changes only its own project.
-        if "run_id" in url.params:
+        if "run_id" in url.params or "host" in url.params:
             assert status == 404, f"{what}: {status}"
         else:
             assert status in (200, 201), f"{what}: {status}"
@@ -529,3 +555,52 @@ def test_the_admin_sends_every_non_staff_role_to_its_login(
         assert _is_login_redirect(response, "/admin/login/") or response.status_code == 404, (
             f"GET {path} as {role}: {response.status_code}"
         )
+
+
+# --- the MLflow tracking API ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", TOKENS)
+def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: str) -> None:
+    """Reading a run needs a read token of its project; logging needs a write token; no token is
+    401 and another project's token does not see the run: always MLflow's error JSON."""
+    headers = {}
+    if token != "none":
+        raw = world.tokens["other-read"] if token == "other" else world.tokens[token]
+        headers["HTTP_AUTHORIZATION"] = f"Bearer {raw}"
+    client = Client(enforce_csrf_checks=True)
+    created = client.post(
+        "/api/2.0/mlflow/runs/create",
+        data={"experiment_id": "0"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {world.tokens['write']}",
+    )
+    assert created.status_code == 200, created.content[:200]
+    run_id = created.json()["run"]["info"]["run_id"]
+    before = world.state()
+    got = client.get("/api/2.0/mlflow/runs/get", {"run_id": run_id}, **headers)
+    logged = client.post(
+        "/api/2.0/mlflow/runs/log-parameter",
+        data={"run_id": run_id, "key": "lr", "value": "0.1"},
+        content_type="application/json",
+        **headers,
+    )
+    artifacts = client.get("/api/2.0/mlflow-artifacts/artifacts", **headers)
+    for response in (got, logged, artifacts):
+        assert response["Content-Type"].startswith("application/json"), response.content[:200]
+        assert "error_code" in response.json() or response.status_code == 200
+    # Artifacts are not kept, for anyone: the same 501 with or without a token discloses nothing.
+    assert artifacts.status_code == 501 and artifacts.json()["error_code"] == "NOT_IMPLEMENTED"
+    if token == "none":
+        assert (got.status_code, logged.status_code) == (401, 401)
+    elif token == "other":
+        assert got.status_code == 404 and got.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST"
+        assert logged.status_code in (403, 404)
+    elif token == "read":
+        assert got.status_code == 200
+        assert logged.status_code == 403
+        assert logged.json()["error_code"] == "PERMISSION_DENIED"
+    else:
+        assert got.status_code == 200 and logged.status_code == 200
+        return
+    assert world.state() == before
