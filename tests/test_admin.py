@@ -34,6 +34,7 @@ READ_ONLY = {
     "tracker.runsegment",
     "tracker.ingestbatch",
     "tracker.metricchunk",
+    "tracker.ranktimingchunk",
     "tracker.event",
     "tracker.host",
     "tracker.hostbatch",
@@ -71,6 +72,15 @@ def data(
     }
     assert api("POST", "/runs/r1/batches", write_token, batch).status_code == 200
     run = Run.objects.get(public_id="r1")
+    timings = {
+        "session": "k1",
+        "seq": 1,
+        "rank": 1,
+        "host": "n1",
+        "steps": [1, 2],
+        "compute_s": [0.5, 0.6],
+    }
+    assert api("POST", "/runs/r1/timings", write_token, timings).status_code == 200
     # GPU telemetry: a host, an agent batch describing a process, an episode.
     assert api("POST", "/hosts", write_token, {"host": "n1", "session": "a"}).status_code == 201
     host_batch = {

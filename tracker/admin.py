@@ -29,6 +29,7 @@ from tracker.models import (
     Membership,
     MetricChunk,
     Project,
+    RankTimingChunk,
     Run,
     RunProcess,
     RunSegment,
@@ -220,6 +221,27 @@ class IngestBatchAdmin(ReadOnlyAdmin):
     date_hierarchy = "received_at"
     list_select_related = ("run",)
     show_full_result_count = False  # a COUNT over millions of batches per page view is slow
+
+
+@admin.register(RankTimingChunk)
+class RankTimingChunkAdmin(ReadOnlyAdmin):
+    list_display = ("run", "rank", "host", "local_rank", "n", "min_step", "max_step", "received_at")
+    search_fields = ("run__public_id", "host")
+    list_select_related = ("run",)
+    show_full_result_count = False
+    # The packed arrays are binary: the summary columns say what a chunk holds.
+    fields = (
+        "run",
+        "session",
+        "seq",
+        "rank",
+        "local_rank",
+        "host",
+        "n",
+        "min_step",
+        "max_step",
+        "received_at",
+    )
 
 
 @admin.register(MetricChunk)

@@ -57,9 +57,12 @@ def test_run_page_answers_finish_loss_and_cost(client, member, run):
 
 def test_run_page_queries_are_bounded(client, member, run, django_assert_max_num_queries):
     client.force_login(member)
-    with django_assert_max_num_queries(10):
+    # A constant per panel, whatever the run's size: session, user, membership, run, forecasts,
+    # open flags, flag history, chunk index, the run's GPU processes (cost split), whether ranks
+    # reported (the Ranks panel) and the project's deadlines (the plan form).
+    with django_assert_max_num_queries(12):
         assert client.get("/runs/llm/r/").status_code == 200
-    with django_assert_max_num_queries(10):
+    with django_assert_max_num_queries(12):  # the same panels, refreshed
         assert client.get("/runs/llm/r/summary/").status_code == 200
     with django_assert_max_num_queries(14):
         assert client.get("/runs/llm/r/overview.json").status_code == 200
