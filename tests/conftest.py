@@ -17,6 +17,19 @@ from tracker.services import token_create
 pytest_plugins = ["tests.alerts.fixtures"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Any:
+    """Each test starts with an empty cache, as the database is emptied between tests. The
+    cache holds markers with a lifetime (the forecast debounce, "alert dispatch pending"): one
+    left by a test whose queued task no worker ran (a real worker consuming only the forecasting
+    queue) made a later test's alerts wait for the beat sweep, which tests do not run."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture
 def owner(db: Any) -> User:
     return User.objects.create_user("owner", "owner@example.com", "pw-owner-123")
