@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tracker import limits
-from tracker.models import Event, IngestBatch, MetricChunk, Run
+from tracker.models import Event, Host, IngestBatch, MetricChunk, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -221,3 +221,26 @@ def test_it_answers_400_to_malformed_batches(api, write_token, raw):
     assert res.status_code == 400, res.content[:300]
     assert "error" in res.json()
     assert IngestBatch.objects.count() == 0
+
+
+def test_it_refuses_a_lone_surrogate_in_a_hosts_gpu_list_naming_the_field(api, write_token):
+    # Found by the fuzzer: the agent's free-form GPU descriptions went to jsonb unchecked (500).
+    raw = f'{{"host": "node-1", "session": "a1", "gpus": [{{"name": "{LONE}"}}]}}'
+    res = post_raw(api, write_token, "/hosts", raw)
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == "gpus"
+    assert not Host.objects.exists()
+
+
+def test_it_refuses_a_lone_surrogate_in_a_host_batch_event_naming_the_field(api, write_token):
+    assert (
+        post_raw(api, write_token, "/hosts", '{"host": "node-1", "session": "a1"}').status_code
+        == 201
+    )
+    raw = (
+        '{"session": "a1", "seq": 1, "events": [{"kind": "custom", "payload": '
+        f'{{"name": "process", "pid": 7, "key": ["b", 7, 9], "cmdline": "{LONE}"}}}}]}}'
+    )
+    res = post_raw(api, write_token, "/hosts/node-1/batches", raw)
+    assert res.status_code == 400, res.content
+    assert res.json()["field"] == "events[0].payload"

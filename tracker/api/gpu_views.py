@@ -10,6 +10,7 @@ from pydantic import Field
 
 from tracker import gpu_services
 from tracker.api.auth import TokenAuth, require_scope
+from tracker.api.parsing import json_check
 from tracker.api.schemas import SESSION_PATTERN, BatchIn, BatchOut, ErrorOut, Text
 from tracker.models import ApiToken
 from tracker.services import ServiceError
@@ -35,6 +36,8 @@ class HostOut(Schema):
 @router.post("/hosts", response={200: HostOut, 201: HostOut, **ERRORS}, summary="Register a host")
 def host_create(request: HttpRequest, payload: HostIn) -> Status:
     token = require_scope(request, ApiToken.Scope.WRITE)
+    # Free-form JSON, stored as it came: what the database cannot store is refused by name.
+    json_check(payload.gpus, field="gpus")
     host, created = gpu_services.host_register(
         project=token.project, name=payload.host, boot_id=payload.boot_id, gpus=payload.gpus
     )
@@ -49,6 +52,8 @@ def host_batch(request: HttpRequest, host: str, payload: BatchIn) -> BatchOut:
     token = require_scope(request, ApiToken.Scope.WRITE)
     target = gpu_services.host_for_token(project=token.project, name=host)
     series = gpu_services.check_series(payload.metrics)
+    for i, event in enumerate(payload.events):
+        json_check(event.payload, field=f"events[{i}].payload")
     processes = [_process(i, e.payload, e.time) for i, e in enumerate(payload.events)]
     result = gpu_services.host_batch_ingest(
         host=target,
