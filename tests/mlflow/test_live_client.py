@@ -74,17 +74,19 @@ def loss_at(step: int) -> float:
     return 2.0 + 8.0 * (step + 10.0) ** -0.3
 
 
-STEPS = int(os.environ.get("RC_STEPS", 50_000))
+# 5,000 steps exercise every path (batches of 1,000, a NaN and an inf inside, the async client's
+# merged requests); `RC_STEPS=50000` runs the 50k-step scale check, which takes minutes.
+STEPS = int(os.environ.get("RC_STEPS", 5_000))
 
 
-def test_it_stores_50k_steps_through_log_batch_exactly_once_and_forecasts(mlflow_env: Any) -> None:
+def test_it_stores_many_steps_through_log_batch_exactly_once_and_forecasts(mlflow_env: Any) -> None:
     mlflow = mlflow_env
     from mlflow.entities import Metric
 
     client = mlflow.MlflowClient()
     mlflow.set_experiment("batch")
     run = mlflow.start_run(run_name="log-batch")
-    mlflow.log_param("runcast.total_steps", 100_000)
+    mlflow.log_param("runcast.total_steps", 2 * STEPS)
     run_id = run.info.run_id
     pending: list[Any] = []
     t0 = 1_700_000_000_000
@@ -116,16 +118,16 @@ def test_it_stores_50k_steps_through_log_batch_exactly_once_and_forecasts(mlflow
     assert (db_run.status, db_run.points_count, db_run.total_steps) == (
         "finished",
         2 * STEPS,
-        100_000,
+        2 * STEPS,
     )
     history = client.get_metric_history(run_id, "loss")
     assert len(history) == STEPS and history[777].value != history[777].value  # NaN round-trips
 
 
-def test_it_stores_50k_log_metric_calls_in_async_mode_exactly_once(
+def test_it_stores_many_log_metric_calls_in_async_mode_exactly_once(
     mlflow_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """50k `log_metric` calls in the client's async mode, which merges the calls queued within
+    """`STEPS` `log_metric` calls in the client's async mode, which merges the calls queued within
     its buffering interval into log-batch requests (without an interval it sends one request
     per call, as a synchronous log_metric does: see the smaller loop below)."""
     monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "1")
