@@ -203,8 +203,13 @@ class Run:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
-        """Flush everything, then mark the run finished/failed/crashed. Idempotent."""
+    def finish(
+        self, status: str = "finished", timeout: float | None = None, ended_at: float | None = None
+    ) -> None:
+        """Flush everything, then mark the run finished/failed/crashed. Idempotent.
+
+        `ended_at` (epoch seconds) is for replays and importers, like `init(started_at=)`:
+        the run ends at that time instead of now."""
         if status not in STATUSES:
             logger.warning("runcast: unknown finish status %r, using 'finished'", status)
             status = "finished"
@@ -215,7 +220,7 @@ class Run:
         if first:
             # Both senders flush at once, inside the one budget.
             self._timings.request_close(budget)
-            self._sender.request_close(status, budget)
+            self._sender.request_close(status, budget, ended_at)
         # Later callers (atexit after finish(), SIGTERM during finish()) also just wait.
         self._sender.join(budget + self.settings.timeout + _JOIN_SLACK_S)
         self._timings.join(budget)
@@ -288,7 +293,9 @@ class NoOpRun:
     def step_timer(self, step: int) -> StepTimer:
         return StepTimer(None, step)
 
-    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
+    def finish(
+        self, status: str = "finished", timeout: float | None = None, ended_at: float | None = None
+    ) -> None:
         return None
 
     def stats(self) -> dict[str, Any]:
@@ -356,7 +363,10 @@ class RankRun(NoOpRun):
             channel = None
         return StepTimer(channel, step)
 
-    def finish(self, status: str = "finished", timeout: float | None = None) -> None:
+    def finish(
+        self, status: str = "finished", timeout: float | None = None, ended_at: float | None = None
+    ) -> None:
+        # A rank's channel has no end of its own to record: rank 0's finish ends the run.
         if self._closed:
             return
         self._closed = True

@@ -105,10 +105,12 @@ class Sender(threading.Thread):
         else:
             self._enter_outage(response, time.time())
 
-    def request_close(self, status: str, timeout: float) -> None:
+    def request_close(self, status: str, timeout: float, ended_at: float | None = None) -> None:
         self._status = status
-        self._finish_time = time.time()
-        self.client.deadline = self._finish_time + timeout
+        now = time.time()
+        # An importer replaying history ends the run at its recorded end, not now.
+        self._finish_time = now if ended_at is None else ended_at
+        self.client.deadline = now + timeout
         self.client.interrupt.set()
         self._close_requested.set()
 

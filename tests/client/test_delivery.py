@@ -442,3 +442,17 @@ def test_it_keeps_the_token_out_of_transport_errors() -> None:
 
     status, payload, _ = transport.post_json("http://127.0.0.1:9/x", b"{}", "rc_a_s3cr\nt", 1)
     assert status == 0 and "s3cr" not in str(payload)
+
+
+def test_a_replayed_run_ends_at_its_recorded_time(
+    server: FakeServer, make_settings: MakeSettings
+) -> None:
+    # An importer replays a run of last month: it started and ended then, not now.
+    run = runcast.init(settings=make_settings(server.url), started_at=1_700_000_000.0)
+    run.log({"loss": 1.0}, step=0)
+    run.finish(ended_at=1_700_003_600.0)
+    assert server.run(run.id).finishes[0]["time"] == 1_700_003_600.0
+    before = time.time()
+    live = runcast.init(settings=make_settings(server.url))
+    live.finish()
+    assert server.run(live.id).finishes[0]["time"] >= before
