@@ -6,8 +6,9 @@ score is how far the truth lies from the median in units of the uncalibrated hal
 side (ETA: log remaining compute; loss: final loss), so it is covered when |score| <= factor.
 The factor is the smallest one that covers 80% of half A with every family weighted equally,
 placed at the median share of the run done at that cut-off; `forecasting/estimators/
-calibration.py` interpolates between those knots. The output is the two tables to paste there
-and the coverage they give on held-out half B.
+calibration.py` interpolates between those knots. The output is the two tables to paste there,
+the coverage they give on held-out half B, and the same fit the other way round (on B, scored
+on A) as a check of how far a table depends on the families it saw.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def loss_rows(run: CurveRun) -> list[Row]:
         if fc is None:
             continue
         half = (fc.p90 - fc.p50) / fc.interval_scale
-        score = abs(truth - fc.p50) / half if half > 0 else (0.0 if truth == fc.p50 else math.inf)
+        miss = truth - fc.p50
+        if miss < 0:  # the lower side also allows the anneal drop, which is not scaled
+            miss = math.sqrt(max(0.0, miss * miss - fc.anneal_drop**2))
+        score = miss / half if half > 0 else (0.0 if miss == 0 else math.inf)
         rows.append((run.family, round(q * 100), float(s[keep][-1]) / end, score))
     return rows
 
@@ -117,12 +121,15 @@ def coverage(rows: list[Row], table: tuple[tuple[float, float], ...]) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.evaluate.calibrate", description=__doc__)
     parser.add_argument("directory")
+    parser.add_argument("--only", choices=("eta", "loss"), help="fit one table only")
     args = parser.parse_args(argv)
     runs = load_runs(args.directory)
     for name, collect, cutoffs in (
         ("ETA_SCALE", eta_rows, CUTOFFS),
         ("LOSS_SCALE", loss_rows, tuple(round(q * 100) for q in LOSS_CUTOFFS)),
     ):
+        if args.only and not name.lower().startswith(args.only):
+            continue
         rows = [r for run in runs for r in collect(run)]
         a = [r for r in rows if half_of(r[0]) == "A"]
         b = [r for r in rows if half_of(r[0]) == "B"]
@@ -130,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: tuple[tuple[float, float], ...] = {table}")
         print(f"  uncalibrated  A {coverage(a, ())}  B {coverage(b, ())}")
         print(f"  fitted on A:  A {coverage(a, table)}  B (held out) {coverage(b, table)}")
+        # Cross-fitting the other way shows how much a table depends on which families it saw:
+        # factors that differ a lot between the halves are fitting clusters, not the method.
+        other = fit(b, cutoffs)
+        print(f"  fitted on B:  {other}  A (held out) {coverage(a, other)}")
     return 0
 
 

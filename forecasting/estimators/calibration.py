@@ -21,17 +21,26 @@ import itertools
 # (share of the planned steps done, factor) for the ETA. Deliberately empty: the fit on half A
 # zigzags ((0.10, 2.23), (0.25, 0.27), (0.50, 1.06), (0.75, 0.21), (0.90, 0.69)) because it
 # chases where the NanoGPT batch-size stages fall relative to each cut-off, and on held-out half
-# B it made 75% and 90% worse (0.94 -> 0.74, 0.72 -> 0.64). The ETA uses its model's own spread.
+# B it made 75% and 90% worse (0.94 -> 0.74, 0.72 -> 0.64); refitted with the drift of slowing
+# runs it is (2.22, 0.23, 0.78, 0.18, 0.67) and takes B from 0.90 / 0.94 / 0.72 to 0.65 / 0.75 /
+# 0.65 at 50 / 75 / 90% (fitted on B instead: 1.36 at 90%). Separate factors for the lower and
+# upper side do no better (issue 9, re-checked with the drift of slowing runs in the model):
+# even chosen per cut-off with hindsight, no pair keeps both halves in 75-85% and the faulted
+# replay >= 70% at 10%, 25% or 75%: at 25% and 75% the real errors are far inside an interval
+# that must stay wide for injected faults, and at 10% covering the staged NanoGPT runs needs an
+# upper factor of ~2.3 held flat to 18% of the steps, which is where their first stage falls.
+# The ETA uses its model's own spread.
 ETA_SCALE: tuple[tuple[float, float], ...] = ()
-# (current step / final step, factor) for the final-loss interval. Fitted on half A of
+# (current step / final step, factor) for the final-loss interval (its lower side also allows
+# the anneal drop, which is not scaled: loss._anneal_drop). Fitted on half A of
 # /work/shared/data/curves by bench.evaluate.calibrate; held-out half B coverage 0.87 / 0.84 /
-# 0.83 / 0.82 / 0.69 at 10/25/50/75/90% (uncalibrated: 0.85 / 0.99 / 0.94 / 0.78 / 0.72).
+# 0.83 / 0.82 / 0.82 at 10/25/50/75/90% (uncalibrated: 0.85 / 0.99 / 0.94 / 0.78 / 0.82).
 LOSS_SCALE: tuple[tuple[float, float], ...] = (
     (0.0997, 1.245),
     (0.2373, 0.581),
     (0.4762, 0.616),
     (0.7177, 1.621),
-    (0.8741, 0.895),
+    (0.8741, 0.697),
 )
 
 

@@ -198,6 +198,10 @@ LOSS_EARLY_MIN_SHARE = 0.05
 LOSS_INTERVAL_Z = 1.2816  # 80% central interval of a normal error
 LOSS_INTERVAL_GAP_SHARE = 0.5  # the unkept part of the extrapolated change is model uncertainty
 LOSS_INTERVAL_REL_PER_LOG_HORIZON = 0.01  # 1% of the loss per e-fold of remaining steps
+# The lower side of the interval allows the loss to keep its recent linear rate (an anneal),
+# measured over this last share of the prefix: long enough to average out batch noise, short
+# enough to see a warmdown that began in the last fifth of the run (see loss._anneal_drop).
+LOSS_ANNEAL_WINDOW = 0.2
 # Divergence detection (divergence.py); all on log-loss, windows counted in logged points
 DIV_MIN_POINTS = 5  # below this there is no baseline to compare with (NaN is still flagged)
 DIV_SPIKE_WINDOW = 50  # trailing baseline: long enough to ignore noise, short enough to track

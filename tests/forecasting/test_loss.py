@@ -181,3 +181,36 @@ def test_early_loss_forecasts_do_not_jump() -> None:
         assert max(b.p50 / a.p50, a.p50 / b.p50) < 1.3
         # ... and stay within the interval, which still carries the undamped change.
         assert b.p10 <= b.p50 <= b.p90
+
+
+def test_anneal_in_progress_widens_the_lower_side_only() -> None:
+    # A warmdown over the last 40% of the run lowers the loss about linearly to the end, faster
+    # than the decelerating power law the forecast follows: from 85% the lower side must reach
+    # the true end, the upper side stays as it was.
+    n = 3000
+    s = np.arange(1, n + 1, dtype=float)
+    rng = np.random.default_rng(4)
+    base = 2.0 + 3.0 * s**-0.4
+    warm = base - 0.3 * np.clip((s - 0.6 * n) / (0.4 * n), 0.0, None)
+    cut = s <= 0.85 * n
+    plain = forecast_loss(s[cut], (base * np.exp(rng.normal(0, 0.002, n)))[cut], total_steps=n)
+    annealing = forecast_loss(s[cut], (warm * np.exp(rng.normal(0, 0.002, n)))[cut], total_steps=n)
+    assert plain is not None and annealing is not None
+    assert annealing.anneal_drop > 5 * plain.anneal_drop
+    assert annealing.p10 <= warm[-1] <= annealing.p90
+    assert annealing.p50 - annealing.p10 > 2 * (annealing.p90 - annealing.p50)
+    assert _is_json_clean(annealing.to_dict())
+
+
+@pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
+def test_held_out_loss_intervals_stay_calibrated() -> None:
+    # Issue 9: 80% intervals cover 75-85% of the held-out families (half B, not used to fit
+    # calibration.LOSS_SCALE) from 25% of the run on; a little slack for legitimate model changes,
+    # none for an interval that has lost its calibration (90% was 0.69 before the anneal term).
+    from bench.evaluate.loss_eval import evaluate_loss
+    from curveset import load_runs
+
+    result, _ = evaluate_loss(load_runs(CURVES), 0)
+    held_out = result["loss_cover80_half"]["B"]
+    for cut in ("25", "50", "75", "90"):
+        assert 0.72 <= held_out[cut] <= 0.88, (cut, held_out)
