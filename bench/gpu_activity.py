@@ -49,6 +49,9 @@ class LoadedRun:
     series: list[Series]
     events: ga.RunEvents
     period: float
+    # Where the node is idle (the data README): before init_start and after run_stop.
+    idle_before: float = -np.inf
+    idle_after: float = np.inf
 
 
 # -- loading --------------------------------------------------------------------------------
@@ -68,7 +71,16 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
             by_hash[digest] = Series(int(node), [int(node)], t, w)
     series = list(by_hash.values())
     period = float(np.median(np.diff(series[0].t)))
-    return LoadedRun(run_id, benchmark, series, run_events(events), period)
+    times = {str(e): float(t) for t, e in zip(events["time_s"], events["event"], strict=True)}
+    return LoadedRun(
+        run_id,
+        benchmark,
+        series,
+        run_events(events),
+        period,
+        idle_before=times.get("init_start", -np.inf),
+        idle_after=times.get("run_stop", np.inf),
+    )
 
 
 def run_events(events: pd.DataFrame) -> ga.RunEvents:
@@ -124,8 +136,14 @@ def choose_injection(
 ) -> Injection | None:
     index = int(rng.integers(len(run.series)))
     s = run.series[index]
-    labels = ga.phase_labels(s.t, run.events.phases)
-    candidates = np.flatnonzero(labels == context)
+    if context == "idle":
+        # Idle is the node outside the job (before init_start, after run_stop), not the
+        # unlabelled instants inside it: the 0.2-0.8 s between run_start and the first block
+        # of a GPT-3 run is the start of training, where a burst sits in the warm-up the
+        # detector must explain.
+        candidates = np.flatnonzero((s.t < run.idle_before) | (s.t > run.idle_after))
+    else:
+        candidates = np.flatnonzero(ga.phase_labels(s.t, run.events.phases) == context)
     if candidates.size == 0:
         return None
     start = float(s.t[int(rng.choice(candidates))])
@@ -227,7 +245,10 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
     delays = [t["delay"] for t in trials if t["delay"] is not None]
     by_size = {}
     for lo, hi in SIZE_BUCKETS:
-        inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < hi + 1]
+        # Half-open buckets (a 30.5-s burst was counted in 10-30 s and 30-60 s); the last one
+        # closed, since a burst is at most 300 s long.
+        top = hi + 1e-9 if hi == SIZE_BUCKETS[-1][1] else hi
+        inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < top]
         by_size[f"{lo}-{hi}s"] = (
             round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
         )
