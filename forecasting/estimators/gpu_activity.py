@@ -195,25 +195,22 @@ def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -
 
 
 def _rolling(values: np.ndarray, window: int, quantile: float) -> np.ndarray:
-    """Trailing quantile of the regime's earlier samples (what an online detector knows).
+    """Centred rolling quantile of the regime's samples, NaN (samples found departing) left out.
 
-    Trailing, not centred: a burst of a few minutes is measured against the level before it
-    instead of pulling its own reference up. NaN (samples already found departing) are left
-    out. The first samples of a regime, with too little history, use the regime's first window.
+    Centred, over a long window (on a short run: the whole regime): the level is what the
+    regime does most of the time, so a burst or throttle covering less than half the window
+    cannot become the reference. (A trailing level let a throttle covering most of a short run
+    set it, and the untouched start then looked like a burst.) The checks re-run on a sliding
+    window, so the level of the samples near its end is known from the samples before them.
     """
     series = pd.Series(values)
-    roll = series.shift(1).rolling(window, min_periods=1)
+    roll = series.rolling(window, min_periods=1, center=True)
     out = np.array(roll.median() if quantile == 0.5 else roll.quantile(quantile), dtype=float)
-    head = values[: min(values.size, window)]
-    head = head[np.isfinite(head)]
-    if head.size == 0:
-        head = values[np.isfinite(values)]
-    if head.size == 0:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
         return np.full(values.shape, np.nan)
-    first = float(np.median(head) if quantile == 0.5 else np.quantile(head, quantile))
-    warm = min(values.size, max(3, window // 10))
-    out[:warm] = first
-    return np.array(pd.Series(out).ffill().fillna(first), dtype=float)
+    whole = float(np.median(finite) if quantile == 0.5 else np.quantile(finite, quantile))
+    return np.array(pd.Series(out).ffill().bfill().fillna(whole), dtype=float)
 
 
 def regime_levels(
@@ -229,26 +226,39 @@ def regime_levels(
     level = np.empty(values.shape, float)
     spread: dict[str, float] = {}
     learn = values if mask is None else np.where(mask, np.nan, values)
+    # A regime too short for its own noise (a few samples per eval) takes the series' noise.
+    pooled = noise(learn, times, dt)
+    pooled = 0.0 if not np.isfinite(pooled) else pooled
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         q = settings.idle_quantile if key.split("#")[0] in IDLE_PHASES else 0.5
         lv = _rolling(learn[idx], window, q)
         level[idx] = lv
-        spread[key] = max(noise(learn[idx]), settings.min_rel_spread * abs(float(np.median(lv))))
+        own = noise(learn[idx], times[idx], dt)
+        sigma = own if np.isfinite(own) else pooled
+        spread[key] = max(sigma, settings.min_rel_spread * abs(float(np.median(lv))))
     return level, spread
 
 
-def noise(values: np.ndarray) -> float:
+def noise(values: np.ndarray, times: np.ndarray | None = None, dt: float | None = None) -> float:
     """Sample-to-sample noise: 1.4826 x MAD of first differences / sqrt 2.
 
     Differences, not residuals from the level: a burst or throttle covering half the data
     inflates the residuals' MAD (and hides itself), but moves only the two differences at its
-    edges.
+    edges. With `times`, only differences of neighbours (<= 1.5 periods apart) count: a regime's
+    samples come in pieces (one per eval), and the step from one eval's last sample to the
+    next one's first is the run's drift over minutes, not noise. NaN when under 3 such pairs.
     """
-    finite = values[np.isfinite(values)]
+    ok = np.isfinite(values)
+    finite = values[ok]
     if finite.size < 3:
-        return 0.0
+        return 0.0 if times is None else float("nan")
     d = np.diff(finite)
+    if times is not None:
+        gap = np.diff(times[ok])
+        d = d[gap <= 1.5 * (dt or _period(times))]
+        if d.size < 3:
+            return float("nan")
     return float(np.median(np.abs(d - np.median(d)))) * 1.4826 / np.sqrt(2.0)
 
 
@@ -384,12 +394,15 @@ def _peer_departure(
     slack = np.empty_like(values)
     dt = _period(times)
     window = max(3, round(settings.window_s / dt) | 1)
+    pooled = noise(values - filled * float(np.nanmedian(learn)), times, dt)
+    pooled = 0.0 if not np.isfinite(pooled) else pooled
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         r = _rolling(learn[idx], window, 0.5)
         exp = filled[idx] * r
         # The noise of this series against its peers (what the peers do not share).
-        mad = noise(values[idx] - filled[idx] * float(np.nanmedian(learn[idx])))
+        mad = noise(values[idx] - filled[idx] * float(np.nanmedian(learn[idx])), times[idx], dt)
+        mad = mad if np.isfinite(mad) else pooled
         floor = settings.min_rel_spread * float(np.nanmedian(np.abs(exp)))
         expected[idx] = exp
         slack[idx] = np.maximum(settings.z * max(mad, floor), settings.rel * np.abs(exp))
