@@ -93,11 +93,14 @@ def test_a_step_time_change_starts_a_new_level() -> None:
     events.step_times, events.steps = times, np.arange(steps.size, dtype=float)
     marks = ga.step_change_marks(events.step_times, events.steps)
     assert len(marks) == 1 and abs(marks[0].time - 900) < 6
-    # Its regime split explains the new level; without the step timings it is a drop.
+    # Its regime split explains the new level; without the step timings one half departs from
+    # the other (half and half, either may be taken as the usual level: the level is the
+    # regime's mode, not what came first).
     assert unexplained(ga.find_episodes(t, v, events)) == []
     bare = ga.RunEvents(phases=events.phases)
-    drops = unexplained(ga.find_episodes(t, v, bare))
-    assert drops and {e.kind for e in drops} == {"drop"}
+    found = unexplained(ga.find_episodes(t, v, bare))
+    assert found and all(e.end <= 910 or e.start >= 890 for e in found)
+    assert len({e.kind for e in found}) == 1
 
 
 def test_peers_cancel_swings_the_whole_run_makes() -> None:
