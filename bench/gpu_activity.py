@@ -154,6 +154,11 @@ def choose_injection(
         length = float(rng.uniform(30, 300))
         factor = float(rng.uniform(0.6, 0.9))
     end = min(start + length, float(s.t[-1]))
+    if kind == "throttle":
+        # Throttling is of the training (the README: "during training"): a clock cap does
+        # not take 30% off an idle node, and a throttle running on past run_stop made the
+        # node's idle floor 30% lower, so the untouched idle before the run read as a burst.
+        end = min(end, run.idle_after)
     if end - start < 10:
         return None
     return Injection(index, start, end, kind, context, factor)

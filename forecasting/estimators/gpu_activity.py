@@ -207,6 +207,9 @@ def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -
         [m.time for m in marks if m.kind in ("arch_change", "resume", "restart", "step_change")]
     )
     regime = np.searchsorted(cuts, times, side="right")
+    # Idle is the node's floor, not the run's: one regime however the run's work changed, so
+    # the idle before a run's init and after its end share a floor.
+    regime = np.where(np.isin(labels, list(IDLE_PHASES)), 0, regime)
     return np.array([f"{lab}#{r}" for lab, r in zip(labels, regime, strict=False)], dtype=object)
 
 
@@ -353,7 +356,7 @@ def departures(
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
     for _ in range(settings.passes):
-        level, lo, hi, dev = _phase_pass(times, values, keys, labels, settings, mask)
+        level, lo, hi, dev, setup = _phase_pass(times, values, keys, labels, settings, mask)
         if use_peers:
             assert peers is not None
             dev = _peer_departure(times, values, peers, keys, settings, mask)
@@ -364,7 +367,15 @@ def departures(
         if mask is not None and np.array_equal(found, mask):
             break
         mask = found
-    return {"level": level, "lo": lo, "hi": hi, "dev": dev, "labels": labels, "marks": marks}
+    return {
+        "level": level,
+        "lo": lo,
+        "hi": hi,
+        "dev": dev,
+        "labels": labels,
+        "marks": marks,
+        "setup": setup,
+    }
 
 
 def _warmups(events: RunEvents, settings: Settings) -> list[Mark]:
@@ -391,32 +402,41 @@ def _phase_pass(
     labels: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
     lo, hi = _band(times, level, slack, settings.tolerance_s)
-    hi = _idle_reaches_setup(labels, level, slack, hi)
     # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
     lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    return level, lo, hi, dev
+    return level, lo, hi, dev, _setup_ceiling(labels, level, slack)
 
 
-def _idle_reaches_setup(
-    labels: np.ndarray, level: np.ndarray, slack: np.ndarray, hi: np.ndarray
-) -> np.ndarray:
-    """Between jobs a node also sits at its setup level (this run's init, the next job's).
+def _setup_ceiling(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> float:
+    """The top of the run's setup level (its init), which a node between jobs also reaches.
 
-    Idle is learnt as the floor, but the readings after a run's end (and before its init)
-    include setup work at the init level; the run logged what that level looks like.
+    Before a run's init and after its end the node sits at its idle floor, or at the setup
+    level of a job starting (this one's init, the next one's): the readings after a run's end
+    rise to the init level and stay there. NaN when the run's init is not covered.
     """
     init = labels == "init"
+    return float(np.median(level[init] + slack[init])) if init.any() else float("nan")
+
+
+def _is_setup(t: np.ndarray, v: np.ndarray, d: dict[str, Any], a: int, b: int, gap: float) -> bool:
+    """An idle rise to no more than the setup level that lasts until idle ends (the node goes
+    on into a job's init or training, or the readings end): a job starting, not foreign work,
+    which ends and returns the node to its floor."""
+    labels = d["labels"]
     idle = np.isin(labels, list(IDLE_PHASES))
-    if not init.any() or not idle.any():
-        return hi
-    ceiling = float(np.median(level[init] + slack[init]))
-    return np.where(idle, np.maximum(hi, ceiling), hi)
+    if not idle[a : b + 1].all() or not np.isfinite(d["setup"]):
+        return False
+    if float(np.median(v[a : b + 1])) > d["setup"]:
+        return False
+    after = np.flatnonzero(~idle[b + 1 :])
+    stretch_end = float(t[b + 1 + after[0]]) if after.size else float(t[-1])
+    return stretch_end - float(t[b]) <= gap
 
 
 def _peer_departure(
@@ -561,8 +581,9 @@ def _episode(
     free = departing & ~covered[seg]
     free_t = t[seg][free]
     # Duration of what no point event covers, measured as sample count x period.
-    explained = free_t.size * dt < settings.min_duration_s
     up = float(np.median(d["dev"][seg][departing])) > 0
+    setup = up and _is_setup(t, v, d, a, b, settings.merge_gap_s + dt)
+    explained = setup or free_t.size * dt < settings.min_duration_s
     expected = float(np.median(d["level"][seg]))
     observed = float(np.median(v[seg]))
     labels = d["labels"][seg]
@@ -570,6 +591,7 @@ def _episode(
     kind = "drop" if not up else ("plateau" if end - start > settings.plateau_s else "burst")
     window = settings.tolerance_s if settings.event_window_s is None else settings.event_window_s
     reason = _reason(d["marks"], start, end, window) if explained else ""
+    reason = "setup level until the node's next phase" if setup else reason
     detected_at = _confirmation(t[seg][departing], dt, settings.min_duration_s)
     return Episode(
         start=start,
