@@ -251,12 +251,23 @@ def regime_levels(
     # A regime too short for its own noise (a few samples per eval) takes the series' noise.
     pooled = noise(learn, times, dt)
     pooled = 0.0 if not np.isfinite(pooled) else pooled
+    labels = np.array([k.split("#")[0] for k in keys], dtype=object)
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         q = settings.idle_quantile if key.split("#")[0] in IDLE_PHASES else 0.5
         own_learn = learn[idx] if np.isfinite(learn[idx]).any() else values[idx]
         if mask is None and q == 0.5:
-            lv = np.full(idx.size, half_sample_mode(own_learn))
+            # A regime the run split off (a step-time change) is shorter than its phase, and
+            # a throttle may be most of it: of its levels, the one nearest the phase's usual
+            # level across all its regimes (a real change of level is the regime's only one).
+            same = values[labels == key.split("#")[0]]
+            reference = (
+                half_sample_mode(same)
+                if np.unique(keys[labels == labels[idx[0]]]).size > 1
+                else float("nan")
+            )
+            band = max(settings.z * pooled, settings.rel * abs(reference))
+            lv = np.full(idx.size, nearest_level(own_learn, band, reference, settings.peer_share))
         else:
             lv = _rolling(own_learn, window, q)
         level[idx] = lv
@@ -465,7 +476,7 @@ def _peer_departure(
         idx = np.flatnonzero(keys == key)
         own_learn = learn[idx] if np.isfinite(learn[idx]).any() else ratio[idx]
         if mask is None:
-            r = np.full(idx.size, _usual_ratio(own_learn, times[idx], settings))
+            r = np.full(idx.size, _usual_ratio(own_learn, settings))
         else:
             r = _rolling(own_learn, window, 0.5)
         exp = filled[idx] * r
@@ -482,29 +493,42 @@ def _peer_departure(
     return np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
 
 
-def _usual_ratio(ratio: np.ndarray, times: np.ndarray, settings: Settings) -> float:
+def _usual_ratio(ratio: np.ndarray, settings: Settings) -> float:
     """This series' usual ratio to its peers: of the levels it holds for a fair share of the
     regime, the one closest to the peers'.
 
     The nodes (or GPUs) of one job do the same work, so a series' usual ratio to the others is
     near 1 (within 2.5% on every multi-node run of the dev set). A throttle or foreign work
     covering most of a short run is the regime's mode, and the untouched rest would look like
-    the episode; the level nearest the peers' is the usual one. One level only: its mode.
+    the episode; the level nearest the peers' is the usual one.
     """
     x = np.log(ratio[np.isfinite(ratio) & (ratio > 0)])
     if x.size == 0:
         return float("nan")
+    band = max(settings.z * noise(x), settings.rel)
+    return float(np.exp(nearest_level(x, band, 0.0, settings.peer_share)))
+
+
+def nearest_level(x: np.ndarray, band: float, reference: float, share: float) -> float:
+    """Of the levels x holds for at least `share` of its samples (two at most: the mode, and
+    the mode of what lies `band` or more from it), the one nearest `reference`.
+
+    One level only, or no reference (NaN): the mode.
+    """
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan")
     first = half_sample_mode(x)
-    sigma = noise(x)
-    band = max(settings.z * sigma, settings.rel)
+    if not np.isfinite(reference):
+        return first
     rest = x[np.abs(x - first) >= band]
-    if rest.size < settings.peer_share * x.size:
-        return float(np.exp(first))
+    if rest.size < share * x.size:
+        return first
     second = half_sample_mode(rest)
     held = int((np.abs(x - second) < band).sum())
-    if held >= settings.peer_share * x.size and abs(second) < abs(first):
-        return float(np.exp(second))
-    return float(np.exp(first))
+    if held >= share * x.size and abs(second - reference) < abs(first - reference):
+        return second
+    return first
 
 
 # -- episodes -------------------------------------------------------------------------------
