@@ -573,7 +573,12 @@ def _runs(t: np.ndarray, sign: np.ndarray, gap_s: float) -> list[tuple[int, int]
         idx = np.flatnonzero(sign == direction)
         if idx.size == 0:
             continue
-        breaks = np.flatnonzero(np.diff(t[idx]) > gap_s)
+        # A gap in the readings (the sensor skips 3-5 of them about once a minute) is not a
+        # return to normal: departing samples with no other sample between them stay one
+        # episode across a gap of up to 5 x gap_s.
+        dt_gap = np.diff(t[idx])
+        adjacent = np.diff(idx) == 1
+        breaks = np.flatnonzero((dt_gap > gap_s) & ~(adjacent & (dt_gap <= 5 * gap_s)))
         starts = np.concatenate(([0], breaks + 1))
         ends = np.concatenate((breaks, [idx.size - 1]))
         out += [(int(idx[s]), int(idx[e])) for s, e in zip(starts, ends, strict=False)]
