@@ -608,11 +608,13 @@ def _episode(
     seg = slice(a, b + 1)
     departing = d["dev"][seg] != 0
     free = departing & ~covered[seg]
-    free_t = t[seg][free]
-    # Duration of what no point event covers, measured as sample count x period.
+    # Duration of what no point event covers: each sample stands for the time until the next
+    # one (a period; more across a gap in the readings, up to what _runs bridges).
+    weight = np.minimum(np.diff(t, append=t[-1] + dt), 5 * settings.merge_gap_s)
+    free_s = float(weight[seg][free].sum())
     up = float(np.median(d["dev"][seg][departing])) > 0
     setup = up and _is_setup(t, v, d, a, b, settings.merge_gap_s + dt)
-    explained = setup or free_t.size * dt < settings.min_duration_s
+    explained = setup or free_s < settings.min_duration_s
     expected = float(np.median(d["level"][seg]))
     observed = float(np.median(v[seg]))
     labels = d["labels"][seg]
