@@ -7,9 +7,11 @@ For every run: the distinct node series (identical twin files are one sensor, se
 README), phases and step timings from the job's own event log, and the run's other distinct
 series as peers. A clean pass counts false alarms (unexplained episodes on unmodified data, per
 distinct-series hour). Then seeded injections, one per trial on one series: foreign work (+10-30%
-of the current level, 10-300 s) starting during training, eval or idle, and throttling (x0.6-0.9,
-30-300 s) during training. An injection is found when an unexplained episode on that series
-overlaps it; every other unexplained episode on that series is a false alarm. Plus the
+of the current level, 10-300 s) starting during training, eval or idle (before init_start or
+after run_stop; runs whose readings cover neither skip those trials), and throttling (x0.6-0.9,
+30-300 s, ending by run_stop) during training. An injection is found when an unexplained
+episode on that series overlaps it; every other unexplained episode on that series is a false
+alarm. Plus the
 attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution).
 Prints a table, then one JSON line.
 """
