@@ -6,10 +6,13 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
 1. **Phases and regimes.** Every sample gets the phase the run was in (init, train, eval,
    checkpoint, idle ...) from the logged phase intervals. A phase's level changes for a reason
    the run logs: an architecture change (neurons grown or pruned), a resume, a step-time change.
-   Those split the phase into regimes, each learning its own level.
-2. **Normal activity per regime.** A rolling median over the regime's own samples (a long window,
-   so a burst of a few minutes moves it little) and a robust spread (MAD of the residuals). Idle
-   uses a low quantile: the GPU's idle is its floor, and foreign work only ever adds to it.
+   Those split the phase into regimes, each learning its own level. A phase shorter than two
+   sampling periods cannot show and keeps the phase before it.
+2. **Normal activity per regime.** First pass: the regime's mode or, where a second level holds
+   a fair share of it, the level nearest a reference (the peers' ratio 1; the phase's level over
+   all its regimes). Later passes: a centred rolling median of the samples no earlier pass found
+   departing. Spread: the noise of neighbouring samples (MAD of first differences). Idle uses a
+   low quantile: the GPU's idle is its floor, and foreign work only ever adds to it.
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
    sampling jitter), so the expected value at t is the band spanned by the levels of every regime
    present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
@@ -20,6 +23,8 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    remains of it outside the windows of the run's point events (checkpoint, resume, architecture
    change, step-time change, custom; +-tolerance) is shorter than `min_duration_s`; otherwise it
    is *unexplained*, and `detected_at` is when it had lasted `min_duration_s` (online delay).
+   An idle rise to no more than the run's init level that lasts until idle ends is a job's
+   setup (explained).
 
 `find_hang`: GPUs busy while neither the step counter nor any event has moved for many usual
 step (and eval) durations, the BLOOM-176B eval deadlock.
@@ -372,8 +377,8 @@ def departures(
             assert peers is not None
             dev = _peer_departure(times, values, peers, keys, settings, mask)
         found = _dilate(dev != 0, 2)
-        # Each pass unmasks nothing and may mask more: a long burst flips the trailing level
-        # half-way through, the next pass (without its first half) sees the rest.
+        # Each pass unmasks nothing and may mask more: the next pass learns the rolling level
+        # without what this one found, so a long episode does not pull the level near it.
         found = found if mask is None else (found | mask)
         if mask is not None and np.array_equal(found, mask):
             break
