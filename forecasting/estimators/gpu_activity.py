@@ -440,7 +440,9 @@ def _setup_ceiling(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> 
     return float(np.median(level[init] + slack[init])) if init.any() else float("nan")
 
 
-def _is_setup(t: np.ndarray, v: np.ndarray, d: dict[str, Any], a: int, b: int, gap: float) -> bool:
+def _is_setup(
+    t: np.ndarray, v: np.ndarray, d: dict[str, Any], a: int, b: int, gap: float, min_s: float
+) -> bool:
     """An idle rise to no more than the setup level that lasts until idle ends (the node goes
     on into a job's init or training, or the readings end): a job starting, not foreign work,
     which ends and returns the node to its floor."""
@@ -448,7 +450,8 @@ def _is_setup(t: np.ndarray, v: np.ndarray, d: dict[str, Any], a: int, b: int, g
     idle = np.isin(labels, list(IDLE_PHASES))
     if not idle[a : b + 1].all() or not np.isfinite(d["setup"]):
         return False
-    if float(np.median(v[a : b + 1])) > d["setup"]:
+    # Foreign work on top of a job's setup lifts part of it above the setup level.
+    if int((v[a : b + 1] > d["setup"]).sum()) * _period(t) >= min_s:
         return False
     after = np.flatnonzero(~idle[b + 1 :])
     stretch_end = float(t[b + 1 + after[0]]) if after.size else float(t[-1])
@@ -618,7 +621,7 @@ def _episode(
     weight = np.minimum(np.diff(t, append=t[-1] + dt), 5 * settings.merge_gap_s)
     free_s = float(weight[seg][free].sum())
     up = float(np.median(d["dev"][seg][departing])) > 0
-    setup = up and _is_setup(t, v, d, a, b, settings.merge_gap_s + dt)
+    setup = up and _is_setup(t, v, d, a, b, settings.merge_gap_s + dt, settings.min_duration_s)
     explained = setup or free_s < settings.min_duration_s
     expected = float(np.median(d["level"][seg]))
     observed = float(np.median(v[seg]))

@@ -206,3 +206,8 @@ def test_an_idle_rise_is_setup_only_when_it_lasts_until_idle_ends() -> None:
     foreign[(t >= 316) & (t < 340)] += 450
     found = unexplained(ga.find_episodes(t, foreign, events))
     assert [e.phase for e in found] == ["idle"]
+    # Foreign work on top of the next job's setup: above the setup level for 12 of its 28 s.
+    on_top = setup.copy()
+    on_top[(t >= 340) & (t < 352)] += 500
+    found = unexplained(ga.find_episodes(t, on_top, events))
+    assert [e.phase for e in found] == ["idle"]
