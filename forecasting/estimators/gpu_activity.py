@@ -391,6 +391,7 @@ def departures(
         "labels": labels,
         "marks": marks,
         "setup": setup,
+        "peers": use_peers,
     }
 
 
@@ -565,7 +566,10 @@ def find_episodes(
     ev = events or RunEvents()
     d = departures(t, v, ev, peers, settings)
     window = settings.event_window_s
-    covered = _covered(t, d["marks"], settings.tolerance_s if window is None else window)
+    # Against peers that warm up alike, the warm-up cancels like any other phase of the run:
+    # it covers nothing there (it exists because a lone series' level is not known yet).
+    marks = [m for m in d["marks"] if not (d["peers"] and m.kind == "warmup")]
+    covered = _covered(t, marks, settings.tolerance_s if window is None else window)
     episodes = []
     for a, b in _runs(t, np.sign(d["dev"]), settings.merge_gap_s):
         episode = _episode(t, v, d, covered, a, b, settings)

@@ -211,3 +211,16 @@ def test_an_idle_rise_is_setup_only_when_it_lasts_until_idle_ends() -> None:
     on_top[(t >= 340) & (t < 352)] += 500
     found = unexplained(ga.find_episodes(t, on_top, events))
     assert [e.phase for e in found] == ["idle"]
+
+
+def test_the_warm_up_covers_a_lone_series_but_not_one_with_peers() -> None:
+    rng = np.random.default_rng(4)
+    t = np.arange(0, 600, 1.0)
+    ramp = np.minimum(1.0, t / 20.0) * 70  # the whole run warms up over 20 s
+    peers = ramp + rng.normal(0, 0.5, t.size)
+    v = ramp + rng.normal(0, 1.0, t.size)
+    v[(t >= 22) & (t < 36)] += 15  # one GPU's foreign work during the warm-up
+    events = ga.RunEvents(phases=[ga.Phase(0, 600, "train")])
+    assert unexplained(ga.find_episodes(t, v, events)) == []
+    found = unexplained(ga.find_episodes(t, v, events, peers=peers))
+    assert len(found) == 1 and abs(found[0].start - 22) <= 2
