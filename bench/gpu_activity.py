@@ -286,11 +286,42 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
         "gpu_false_alarms_total": int(false_alarms),
         "gpu_delay_s_median": round(float(np.median(delays)), 2) if delays else None,
         "gpu_delay_s_p90": round(float(np.percentile(delays, 90)), 2) if delays else None,
+        "gpu_nab_standard": nab_score(trials, trial_false),
         "node_hours_distinct": round(hours, 2),
         "injections": len(trials),
         "runs": len(per_run),
         **attribution,
     }
+
+
+# NAB's standard profile (Lavin & Ahmad 2015, numenta/NAB): a false positive costs 0.11, a missed
+# window 1.0, a detection in the window earns the scaled sigmoid of where it fell in it.
+NAB_FP, NAB_FN = 0.11, 1.0
+
+
+def nab_sigmoid(y: float) -> float:
+    """NAB's scaled sigmoid: ~1 at the window's start (y = -1), 0 at its end, < 0 after."""
+    return 2.0 / (1.0 + float(np.exp(5.0 * y))) - 1.0
+
+
+def nab_score(trials: list[dict], false_alarms: float) -> float | None:
+    """NAB-style score normalised to 0 (detect nothing) .. 100 (every window at its start).
+
+    The window of each injection is the injection itself; the first alarm's time, `detected_at`
+    (when the departure had lasted the minimum episode), places it; false alarms are the same
+    count as in precision.
+    """
+    if not trials:
+        return None
+    raw = -NAB_FP * false_alarms
+    for t in trials:
+        if t["found"]:
+            raw += nab_sigmoid(max(-1.0, (t["delay"] - t["length"]) / t["length"]))
+        else:
+            raw -= NAB_FN
+    null = -NAB_FN * len(trials)
+    perfect = nab_sigmoid(-1.0) * len(trials)
+    return round(100.0 * (raw - null) / (perfect - null), 1)
 
 
 # -- attribution on synthetic per-process traces ---------------------------------------------
