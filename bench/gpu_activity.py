@@ -7,9 +7,11 @@ For every run: the distinct node series (identical twin files are one sensor, se
 README), phases and step timings from the job's own event log, and the run's other distinct
 series as peers. A clean pass counts false alarms (unexplained episodes on unmodified data, per
 distinct-series hour). Then seeded injections, one per trial on one series: foreign work (+10-30%
-of the current level, 10-300 s) starting during training, eval or idle, and throttling (x0.6-0.9,
-30-300 s) during training. An injection is found when an unexplained episode on that series
-overlaps it; every other unexplained episode on that series is a false alarm. Plus the
+of the current level, 10-300 s) starting during training, eval or idle (before init_start or
+after run_stop; runs whose readings cover neither skip those trials), and throttling (x0.6-0.9,
+30-300 s, ending by run_stop) during training. An injection is found when an unexplained
+episode on that series overlaps it; every other unexplained episode on that series is a false
+alarm. Plus the
 attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution).
 Prints a table, then one JSON line.
 """
@@ -49,6 +51,9 @@ class LoadedRun:
     series: list[Series]
     events: ga.RunEvents
     period: float
+    # Where the node is idle (the data README): before init_start and after run_stop.
+    idle_before: float = -np.inf
+    idle_after: float = np.inf
 
 
 # -- loading --------------------------------------------------------------------------------
@@ -68,7 +73,16 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
             by_hash[digest] = Series(int(node), [int(node)], t, w)
     series = list(by_hash.values())
     period = float(np.median(np.diff(series[0].t)))
-    return LoadedRun(run_id, benchmark, series, run_events(events), period)
+    times = {str(e): float(t) for t, e in zip(events["time_s"], events["event"], strict=True)}
+    return LoadedRun(
+        run_id,
+        benchmark,
+        series,
+        run_events(events),
+        period,
+        idle_before=times.get("init_start", -np.inf),
+        idle_after=times.get("run_stop", np.inf),
+    )
 
 
 def run_events(events: pd.DataFrame) -> ga.RunEvents:
@@ -124,8 +138,14 @@ def choose_injection(
 ) -> Injection | None:
     index = int(rng.integers(len(run.series)))
     s = run.series[index]
-    labels = ga.phase_labels(s.t, run.events.phases)
-    candidates = np.flatnonzero(labels == context)
+    if context == "idle":
+        # Idle is the node outside the job (before init_start, after run_stop), not the
+        # unlabelled instants inside it: the 0.2-0.8 s between run_start and the first block
+        # of a GPT-3 run is the start of training, where a burst sits in the warm-up the
+        # detector must explain.
+        candidates = np.flatnonzero((s.t < run.idle_before) | (s.t > run.idle_after))
+    else:
+        candidates = np.flatnonzero(ga.phase_labels(s.t, run.events.phases) == context)
     if candidates.size == 0:
         return None
     start = float(s.t[int(rng.choice(candidates))])
@@ -136,6 +156,11 @@ def choose_injection(
         length = float(rng.uniform(30, 300))
         factor = float(rng.uniform(0.6, 0.9))
     end = min(start + length, float(s.t[-1]))
+    if kind == "throttle":
+        # Throttling is of the training (the README: "during training"): a clock cap does
+        # not take 30% off an idle node, and a throttle running on past run_stop made the
+        # node's idle floor 30% lower, so the untouched idle before the run read as a burst.
+        end = min(end, run.idle_after)
     if end - start < 10:
         return None
     return Injection(index, start, end, kind, context, factor)
@@ -227,7 +252,10 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
     delays = [t["delay"] for t in trials if t["delay"] is not None]
     by_size = {}
     for lo, hi in SIZE_BUCKETS:
-        inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < hi + 1]
+        # Half-open buckets (a 30.5-s burst was counted in 10-30 s and 30-60 s); the last one
+        # closed, since a burst is at most 300 s long.
+        top = hi + 1e-9 if hi == SIZE_BUCKETS[-1][1] else hi
+        inside = [t for t in trials if t["kind"] == "burst" and lo <= t["length"] < top]
         by_size[f"{lo}-{hi}s"] = (
             round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
         )
@@ -258,11 +286,42 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
         "gpu_false_alarms_total": int(false_alarms),
         "gpu_delay_s_median": round(float(np.median(delays)), 2) if delays else None,
         "gpu_delay_s_p90": round(float(np.percentile(delays, 90)), 2) if delays else None,
+        "gpu_nab_standard": nab_score(trials, trial_false),
         "node_hours_distinct": round(hours, 2),
         "injections": len(trials),
         "runs": len(per_run),
         **attribution,
     }
+
+
+# NAB's standard profile (Lavin & Ahmad 2015, numenta/NAB): a false positive costs 0.11, a missed
+# window 1.0, a detection in the window earns the scaled sigmoid of where it fell in it.
+NAB_FP, NAB_FN = 0.11, 1.0
+
+
+def nab_sigmoid(y: float) -> float:
+    """NAB's scaled sigmoid: ~1 at the window's start (y = -1), 0 at its end, < 0 after."""
+    return 2.0 / (1.0 + float(np.exp(5.0 * y))) - 1.0
+
+
+def nab_score(trials: list[dict], false_alarms: float) -> float | None:
+    """NAB-style score normalised to 0 (detect nothing) .. 100 (every window at its start).
+
+    The window of each injection is the injection itself; the first alarm's time, `detected_at`
+    (when the departure had lasted the minimum episode), places it; false alarms are the same
+    count as in precision.
+    """
+    if not trials:
+        return None
+    raw = -NAB_FP * false_alarms
+    for t in trials:
+        if t["found"]:
+            raw += nab_sigmoid(max(-1.0, (t["delay"] - t["length"]) / t["length"]))
+        else:
+            raw -= NAB_FN
+    null = -NAB_FN * len(trials)
+    perfect = nab_sigmoid(-1.0) * len(trials)
+    return round(100.0 * (raw - null) / (perfect - null), 1)
 
 
 # -- attribution on synthetic per-process traces ---------------------------------------------
