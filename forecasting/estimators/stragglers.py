@@ -154,8 +154,9 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
             # rows: means of an evenly thinned history would be means over longer spans, and
             # read as b rows they understate the noise (a 64-rank world of 2,000 quiet rows had
             # 9.6 false alarms per job-day that way).
-            means = (csum[b:] - csum[:-b]) / b
-            means = means[:: max(1, b // 4, means.shape[0] // th.STRAGGLER_LEVEL_MAX_ROWS)]
+            step = max(1, b // 4, (dev.shape[0] - b + 1) // th.STRAGGLER_LEVEL_MAX_ROWS)
+            at = np.arange(0, dev.shape[0] - b + 1, step)
+            means = (csum[at + b] - csum[at]) / b
             spread = 1.4826 * nanmedian(np.abs(means - nanmedian(means, axis=0)), axis=0)
             longrun = np.fmax(longrun, spread * np.sqrt(b))
         elif i > 0:
