@@ -233,7 +233,8 @@ def _deviations(
     level: np.ndarray,
     sigma: np.ndarray,
     point: np.ndarray,
-    spread: np.ndarray,
+    spread_then: np.ndarray,
+    spread_now: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows a..e of x as CUSUM input: (slack on k, clip, clipped deviation from the level, burst
     factor per row, which cells count)."""
@@ -251,9 +252,11 @@ def _deviations(
     # Rows where every rank is unusually spread (a burst of contention) weigh less: their
     # deviations are shrunk by how much wider than usual the ranks' spread is. The allowance is
     # the sampling error of a spread over m series (over ten ranks it wobbles by half; over a
-    # thousand, by a few percent).
-    usual = np.nanmedian(spread[:a]) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
-    burst = np.fmax(spread[a:e] / usual, 1.0)
+    # thousand, by a few percent). "Usual" is over the rows the noise was measured on, so the
+    # two agree: a usual spread refreshed at every checkpoint beside a noise refreshed less often
+    # let a lasting rise of the job's noise through (22 false alarms in one 256-rank world).
+    usual = np.nanmedian(spread_then) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
+    burst = np.fmax(spread_now / usual, 1.0)
     burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
     return slack, clip, dev / burst, burst, ok
 
@@ -328,7 +331,9 @@ def scan(
         else:
             new_level = _level(x[:a])
         level = np.where(keep_old, level, new_level)
-        slack, clip, dev, burst, ok = _deviations(x, a, e, level, sigma, point, spread)
+        slack, clip, dev, burst, ok = _deviations(
+            x, a, e, level, sigma, point, spread[:noise_rows], spread[a:e]
+        )
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
