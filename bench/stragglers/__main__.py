@@ -1,4 +1,4 @@
-"""`python -m bench.stragglers [--data DIR] [--json] [--seed N] [--limit N]`: score straggler
+"""`python -m bench.stragglers [DIR | --data DIR] [--json] [--seed N] [--limit N]`: score straggler
 detection on the rank trace (real jobs, labelled episodes, injected slowdowns) and on synthetic
 worlds of 64 to 1,024 ranks built from its noise model; Runcast beside NVIDIA's relative and
 individual scores. Prints tables; with --json the last line is one JSON object.
@@ -23,9 +23,11 @@ from bench.stragglers.score import (
     Detector,
     Truth,
     edges,
+    host_series,
     log_ratio,
     nvidia_individual,
     nvidia_relative,
+    rows_needed,
     runcast,
     score,
 )
@@ -63,6 +65,8 @@ class Tally:
                 self.delays[(det, where, size)].append(out.delay)
 
     def recall(self, det: str, where: str | None = None) -> dict[str, float | None]:
+        """Recall by slowdown in one set, or pooled over all sets but the stress set (as the
+        false alarms are: its worlds are scored apart, not in the headline)."""
         res: dict[str, float | None] = {}
         for f in SLOWDOWNS:
             size = _size(f)
@@ -71,7 +75,7 @@ class Tally:
                 for (d, w, s), v in self.hits.items()
                 if d == det and s == size
                 for h in v
-                if where is None or w == where
+                if w == where or (where is None and not w.startswith("synth_stress"))
             ]
             res[size] = float(np.mean(got)) if got else None
         return res
@@ -92,7 +96,7 @@ class Tally:
             for (d, w, s), v in self.delays.items()
             if d == det
             and float(s) >= 100 * min_size - 100 - 1e-9
-            and (where is None or w == where)
+            and (w == where or (where is None and not w.startswith("synth_stress")))
             for x in v
         ]
         return float(np.median(got)) if got else None
@@ -184,11 +188,18 @@ def _whatif(
 
 
 def real_injections(
-    jobs: list[data.Job], tally: Tally, rng: np.random.Generator, trials: int, etas: list
+    jobs: list[data.Job],
+    tally: Tally,
+    rng: np.random.Generator,
+    trials: int,
+    etas: list,
+    findable: Tally | None = None,
 ) -> None:
     for job in jobs:
         n, ranks = job.compute.shape
         hosts = _pairs(ranks)
+        x_clean = log_ratio(job.compute)
+        tests = ranks + len(hosts)
         lo_row = max(th.STRAGGLER_MIN_ROWS, int(0.3 * n))
         for f in SLOWDOWNS:
             for t in range(trials):
@@ -202,15 +213,20 @@ def real_injections(
                     eligible = bool(np.nanmedian(x[onset:, members]) > 0)
                     truth = Truth(host=host, onset=onset, eligible=eligible, excused=_excused(job))
                     where = "real_host"
+                    clean_x = host_series(x_clean, {host: members})[:, 0]
                 else:
                     rank = _free_rank(job, onset, rng)
                     slowed[onset:, rank] *= f
                     eligible = bool(np.nanmedian(log_ratio(slowed)[onset:, rank]) > 0)
                     truth = Truth(rank=rank, onset=onset, eligible=eligible, excused=_excused(job))
                     where = "real_rank"
+                    clean_x = x_clean[:, rank]
+                needed = rows_needed(clean_x, f, job.rows_per_day, tests)
                 for det, (ra, ha) in _run_all(slowed, job.rows_per_day, hosts).items():
                     out = score(ra, ha, hosts, truth)
                     tally.add(det, where, _size(f), out, job.days)
+                    if findable is not None and n - onset >= needed:
+                        findable.add(det, where, _size(f), out, 0.0)
                     if det == "runcast" and out.hit and truth.rank is not None and f >= 1.05:
                         e = _whatif(
                             job.steps,
@@ -241,6 +257,7 @@ def synthetic(
     worlds: int,
     cells: int,
     etas: list,
+    findable: Tally | None = None,
 ) -> None:
     blocks = data.noise_blocks(jobs)
     covs = [c for c in data.cov_series(root) if c.size >= 100]
@@ -279,6 +296,11 @@ def synthetic(
                 # CoV above 0.3 at the median is not noise a synchronous job lives with (rows
                 # fall below a tenth of the mean step; the CoV likely holds those jobs' own
                 # stragglers): scored apart, as a stress set, not in the headline figures.
+                x_clean = log_ratio(clean)
+                tests = size + len(hosts)
+                rank_needed = rows_needed(x_clean[:, rank], f, per_day, tests)
+                host_x = host_series(x_clean, {host: hosts[host]})[:, 0]
+                host_needed = rows_needed(host_x, f, per_day, tests)
                 stress = float(np.median(cov)) > STRESS_COV
                 where = "synth_stress" if stress else f"synth_{size}"
                 band = _band(float(np.median(cov)))
@@ -289,6 +311,11 @@ def synthetic(
                     host_out = score(ra, ha, hosts, host_truth)
                     host_out.false_alarms = 0  # counted once, in the rank scoring of the world
                     tally.add(det, where + "_host", _size(f), host_out, 0.0)
+                    if findable is not None and not stress:
+                        if rows - t_rank >= rank_needed:
+                            findable.add(det, f"synth_{size}_rank", _size(f), out, 0.0)
+                        if rows - t_host >= host_needed:
+                            findable.add(det, f"synth_{size}_host", _size(f), host_out, 0.0)
                     if det == "runcast" and out.hit and f >= 1.05 and size <= 256:
                         # The what-if is scored on the rank injection alone (the host one undone).
                         alone = clean.copy()
@@ -352,6 +379,11 @@ def detector_cost(rng: np.random.Generator) -> dict[str, float]:
     return res
 
 
+def tally_recall_all(tally: Tally, shown: list[str]) -> dict[str, dict[str, float | None]]:
+    """Recall by slowdown of each shown detector (Runcast first), pooled over sets."""
+    return {det: tally.recall(det) for det in shown}
+
+
 def _fmt(v: float | None, pct: bool = False) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
@@ -389,7 +421,8 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stragglers", description=__doc__)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the rank trace folder")
+    parser.add_argument("data_dir", nargs="?", type=Path, help="the rank trace folder")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the same, by name")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=0, help="a quick subset: trials per size")
@@ -399,19 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-cost", action="store_true", help="skip the timing of 1,024 ranks")
     args = parser.parse_args(argv)
+    if args.data_dir is not None:
+        args.data = args.data_dir
 
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     jobs = data.load_jobs(args.data)
     trials = args.limit or 12
-    worlds = max(1, args.limit // 3) if args.limit else 4
+    # Eight worlds per size and slowdown: with four, a cell held 1-3 scored worlds (a third are
+    # stress worlds) and the pooled figures moved by 5-10 points between seeds.
+    worlds = max(1, args.limit // 3) if args.limit else 8
     sizes = [int(s) for s in args.sizes.split(",") if s]
     tally = Tally()
     etas: list[tuple[float, float, float]] = []
     ep = episodes(jobs, tally)
-    real_injections(jobs, tally, rng, trials, etas)
+    findable = Tally()
+    real_injections(jobs, tally, rng, trials, etas, findable)
     bands = Tally()
-    synthetic(jobs, args.data, tally, bands, rng, sizes, worlds, args.cells, etas)
+    synthetic(jobs, args.data, tally, bands, rng, sizes, worlds, args.cells, etas, findable)
     cost = {} if args.skip_cost else detector_cost(rng)
     eta = np.array(etas) if etas else np.full((1, 3), np.nan)
     matched = {name: _matched(tally, name) for name in FAMILIES}
@@ -433,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\nsynthetic worlds (rank injections) by noise band, all sizes")
     print(_table(bands, shown))
     print(
+        "\nfindable injections only (rows left after the onset >= what an oracle CUSUM with the"
+        " rank's known level and noise needs at the same false-alarm budget; stress set out)"
+    )
+    print(_table(findable, shown))
+    print(
         f"\nwhat-if ETA error (median over {len(etas)} detected >=5% rank injections): "
         f"{_fmt(float(np.nanmedian(eta[:, 0])), True)} (what-if factor alone "
         f"{_fmt(float(np.nanmedian(eta[:, 1])), True)}; the plain pace forecast's own error "
@@ -444,6 +487,15 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": len(jobs),
         "seed": args.seed,
         "straggler_recall_by_slowdown": tally.recall("runcast"),
+        "straggler_recall_findable_by_slowdown": tally_recall_all(findable, shown),
+        "findable_trials_by_slowdown": {
+            _size(f): sum(
+                len(v)
+                for (d, _, sz), v in findable.hits.items()
+                if d == "runcast" and sz == _size(f)
+            )
+            for f in SLOWDOWNS
+        },
         "straggler_false_alarms_per_job_day": tally.fa_per_day("runcast"),
         "straggler_delay_steps_median": tally.delay("runcast"),
         "whatif_eta_error": float(np.nanmedian(eta[:, 0])),

@@ -41,6 +41,30 @@ def runcast(
     return ranks.above, host.above
 
 
+def rows_needed(x_clean: np.ndarray, factor: float, per_day: float, tests: int) -> float:
+    """Rows after the onset an oracle needs to find a slowdown by `factor` in this series.
+
+    The oracle knows the series' level and its long-run noise sigma (the spread of 64-row means
+    of the clean series, x sqrt(64): the rows are autocorrelated) and runs the optimal CUSUM
+    (k = delta / 2) at the same false-alarm budget as the detectors (one per job-day over
+    `tests` series): its mean delay is 2 sigma^2 ln(A) / delta^2 rows (Lorden; Siegmund). A
+    trial with fewer rows left than that cannot be found by any detector inside the budget
+    except by luck; recall over the trials with enough rows says how much of what is findable a
+    detector finds. The oracle needs no safety margin, no bank of k and no estimated level, so
+    it is optimistic.
+    """
+    x = x_clean[np.isfinite(x_clean)]
+    b = next((b for b in (64, 32, 16, 8) if x.size >= 3 * b), 0)
+    if not b or factor <= 1.0:
+        return float("inf")
+    dev = x - np.median(x)
+    csum = np.concatenate(([0.0], np.cumsum(dev)))
+    means = ((csum[b:] - csum[:-b]) / b)[:: max(1, b // 4)]
+    sigma = 1.4826 * float(np.median(np.abs(means - np.median(means)))) * np.sqrt(b)
+    delta = float(np.log(factor))
+    return 2.0 * sigma**2 * float(np.log(max(per_day * tests, 10.0))) / delta**2
+
+
 def _windows(compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean compute per rank over consecutive report intervals, and each interval's last row."""
     w = NVIDIA_WINDOW_ROWS

@@ -277,6 +277,9 @@ STRAGGLER_CUSUM_BLOCK = (64, 32, 8, 16)
 # Single rows are clipped at this many (row-level) noise units before they enter a CUSUM: one
 # heavy-tailed row (the trace's p99.9 is 1.17x) then cannot make an alarm alone.
 STRAGGLER_CLIP_SIGMAS = 6.0
+# The CUSUM's reference k grows by this many standard errors of the rank's estimated level (the
+# level's own error would read as a shift; two made a 5% shift unreachable in a 100-row history).
+STRAGGLER_LEVEL_SE = 1.0
 # A row whose cross-rank spread is wider than usual (a burst of contention that hits every rank:
 # the CoV of the trace's jobs swings 1.3-4.5x between its p50 and p95, and shifts level) has its
 # deviations scaled down by the excess, so a burst does not push many CUSUMs over at once. The

@@ -6,7 +6,12 @@ import warnings
 import numpy as np
 import pytest
 
-from forecasting.estimators.stragglers import StragglerReport, detect_stragglers, nanmedian
+from forecasting.estimators.stragglers import (
+    StragglerReport,
+    detect_stragglers,
+    nanmedian,
+    scan,
+)
 
 HOSTS = [f"node-{r // 8}" for r in range(32)]
 
@@ -160,3 +165,49 @@ def test_nanmedian_matches_numpy() -> None:
             warnings.simplefilter("ignore", RuntimeWarning)  # numpy's all-NaN column
             want = np.nanmedian(a, axis=axis)
         np.testing.assert_allclose(nanmedian(a, axis), want)
+
+
+def _log_ratio(compute: np.ndarray) -> np.ndarray:
+    logc = np.log(compute)
+    return logc - np.median(logc, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_a_long_clean_history_raises_no_alarm_at_any_row(seed: int) -> None:
+    # 2,000 autocorrelated rows of 64 ranks: the history is longer than the rows the level is
+    # taken from, so the noise of block means must still come from contiguous rows (means of a
+    # thinned history are means over longer spans: the noise read 2-3x too small, alarms came).
+    _, compute = world(n=2000, ranks=64, noise=0.03, seed=seed, ar=0.7)
+    above = scan(_log_ratio(compute), tests=64, rows_per_day=8640.0).above
+    assert not above.any()
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_a_small_slowdown_late_in_a_long_history_is_found(seed: int) -> None:
+    _, compute = world(n=2000, ranks=64, noise=0.03, seed=seed, ar=0.7)
+    compute[1200:, 40] *= 1.05
+    above = scan(_log_ratio(compute), tests=64, rows_per_day=8640.0).above
+    assert above[1200:, 40].any() and not above[:1200].any()
+    assert not np.delete(above, 40, axis=1).any()
+
+
+@pytest.mark.parametrize("seed", [9, 11, 12])
+def test_a_fast_rank_that_slows_is_measured_from_its_own_level(seed: int) -> None:
+    # A rank at 0.97x the median that slows by 5% ends 1.9% above the median: a 5% shift from
+    # its own level. Measured from the median rank it would be a 1.9% one, found 40-90 rows
+    # later or not at all.
+    _, compute = world(noise=0.01, seed=seed)
+    compute[:, 12] *= 0.97
+    compute[300:, 12] *= 1.05
+    above = scan(_log_ratio(compute), tests=32, rows_per_day=8640.0).above
+    assert above[300:320, 12].any()
+    assert not np.delete(above, 12, axis=1).any() and not above[:300].any()
+
+
+def test_a_fast_rank_that_slows_but_stays_faster_than_the_median_is_no_straggler() -> None:
+    # 0.85x -> 0.935x: a change, but the job does not wait for it.
+    steps, compute = world(noise=0.01, seed=10)
+    compute[:, 12] *= 0.85
+    compute[300:, 12] *= 1.10
+    assert detect_stragglers(steps, compute, HOSTS).stragglers == []
+    assert not scan(_log_ratio(compute), tests=32, rows_per_day=8640.0).above.any()
