@@ -62,6 +62,9 @@ class Mark:
     kind: str  # one of POINT_EVENT_KINDS (others are accepted and treated alike)
     # A checkpoint logged when it finished covers its writing time before `time`.
     before_s: float = 0.0
+    # Its own margin either side, where its time is known to the sample (a warm-up measured on
+    # the readings); None: the event window of point events.
+    margin_s: float | None = None
 
 
 @dataclass
@@ -88,7 +91,8 @@ class Settings:
     window_s: float = 900.0
     idle_quantile: float = 0.2
     # The first seconds of training (compilation, autotuning, the data pipeline filling) and
-    # of a resumed run are the run's own, whatever they look like.
+    # of a resumed run are the run's own, whatever they look like: until the readings settle
+    # at the regime's level (learnt per run, _warmups), at most this long.
     warmup_s: float = 30.0
     # Passes of learning the levels without what the previous pass found (stops when stable);
     # more than two measured no better on the dev set (F1 0.78 with four).
@@ -369,7 +373,6 @@ def departures(
     """
     labels = resolved_labels(times, events.phases, _period(times))
     marks = list(events.marks) + step_change_marks(events.step_times, events.steps, settings)
-    marks += _warmups(events, settings)
     keys = _regime_keys(times, labels, marks)
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
@@ -385,6 +388,7 @@ def departures(
         if mask is not None and np.array_equal(found, mask):
             break
         mask = found
+    marks += _warmups(times, values, keys, events, settings, mask)
     return {
         "level": level,
         "lo": lo,
@@ -397,13 +401,47 @@ def departures(
     }
 
 
-def _warmups(events: RunEvents, settings: Settings) -> list[Mark]:
-    """A covered window after training starts (the first train phase) and after each resume."""
+def _warmups(
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    events: RunEvents,
+    settings: Settings,
+    mask: np.ndarray | None,
+) -> list[Mark]:
+    """A covered window after training starts (the first train phase) and after each resume,
+    as long as this run's readings take to settle at the level of the regime they enter.
+
+    A fixed window (30 s) covered a burst in the first half minute of every single-node run,
+    whose power ramps in <= 6 s; a run that compiles or autotunes for longer stays off its
+    level for longer and gets a longer window (up to warmup_s).
+    """
     trains = [p.start for p in events.phases if p.kind == "train"]
     starts = [min(trains)] if trains else []
     starts += [m.time for m in events.marks if m.kind in ("resume", "restart")]
-    # A mark at the end of the warm-up covering it (the window's tolerance adds the rest).
-    return [Mark(t + settings.warmup_s, "warmup", before_s=settings.warmup_s) for t in starts]
+    if not starts:
+        return []
+    dt = _period(times)
+    level, spread = regime_levels(times, values, keys, settings, mask)
+    sigma = np.array([spread[k] for k in keys])
+    slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
+    near = np.abs(values - level) <= slack
+    out = []
+    for start in starts:
+        ramp = _ramp_s(times, near, start, settings.warmup_s)
+        # Its time is the logged start and the readings: one sampling period either side.
+        out.append(Mark(start + ramp, "warmup", before_s=ramp, margin_s=dt))
+    return out
+
+
+def _ramp_s(times: np.ndarray, near: np.ndarray, start: float, cap: float) -> float:
+    """Seconds from `start` until two consecutive readings lie at the regime's level (one
+    reading may pass through the band on its way); `cap` when they never do within it."""
+    idx = np.flatnonzero((times >= start) & (times <= start + cap))
+    for i, j in zip(idx[:-1], idx[1:], strict=False):
+        if near[i] and near[j]:
+            return float(times[i] - start)
+    return cap
 
 
 def _dilate(mask: np.ndarray, n: int) -> np.ndarray:
@@ -602,7 +640,8 @@ def _runs(t: np.ndarray, sign: np.ndarray, gap_s: float) -> list[tuple[int, int]
 def _covered(t: np.ndarray, marks: Sequence[Mark], tol: float) -> np.ndarray:
     covered = np.zeros(t.shape, bool)
     for m in marks:
-        covered |= (t >= m.time - m.before_s - tol) & (t <= m.time + tol)
+        pad = tol if m.margin_s is None else m.margin_s
+        covered |= (t >= m.time - m.before_s - pad) & (t <= m.time + pad)
     return covered
 
 
@@ -661,7 +700,12 @@ def _confirmation(times: np.ndarray, dt: float, min_s: float) -> float:
 
 
 def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
-    near = [m.kind for m in marks if m.time + tol >= start and m.time - m.before_s - tol <= end]
+    def pad(m: Mark) -> float:
+        return tol if m.margin_s is None else m.margin_s
+
+    near = [
+        m.kind for m in marks if m.time + pad(m) >= start and m.time - m.before_s - pad(m) <= end
+    ]
     return ", ".join(sorted(set(near))) or "phase change"
 
 
