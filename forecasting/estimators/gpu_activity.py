@@ -459,7 +459,7 @@ def _phase_pass(
     labels: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
@@ -467,32 +467,39 @@ def _phase_pass(
     # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
     lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    return level, lo, hi, dev, _setup_ceiling(labels, level, slack)
+    return level, lo, hi, dev, _setup_band(labels, level, slack)
 
 
-def _setup_ceiling(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> float:
-    """The top of the run's setup level (its init), which a node between jobs also reaches.
+def _setup_band(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> tuple[float, float]:
+    """The band of the run's setup level (its init), which a node between jobs also reaches.
 
     Before a run's init and after its end the node sits at its idle floor, or at the setup
     level of a job starting (this one's init, the next one's): the readings after a run's end
     rise to the init level and stay there. NaN when the run's init is not covered.
     """
     init = labels == "init"
-    return float(np.median(level[init] + slack[init])) if init.any() else float("nan")
+    if not init.any():
+        return float("nan"), float("nan")
+    return float(np.median(level[init] - slack[init])), float(np.median(level[init] + slack[init]))
 
 
 def _is_setup(
     t: np.ndarray, v: np.ndarray, d: dict[str, Any], a: int, b: int, gap: float, min_s: float
 ) -> bool:
-    """An idle rise to no more than the setup level that lasts until idle ends (the node goes
-    on into a job's init or training, or the readings end): a job starting, not foreign work,
-    which ends and returns the node to its floor."""
+    """An idle rise to the setup level that lasts until idle ends (the node goes on into a
+    job's init or training, or the readings end): a job starting, not foreign work, which
+    ends and returns the node to its floor, or stays between the floor and the setup level."""
     labels = d["labels"]
     idle = np.isin(labels, list(IDLE_PHASES))
-    if not idle[a : b + 1].all() or not np.isfinite(d["setup"]):
+    low, high = d["setup"]
+    if not idle[a : b + 1].all() or not np.isfinite(high):
         return False
     # Foreign work on top of a job's setup lifts part of it above the setup level.
-    if int((v[a : b + 1] > d["setup"]).sum()) * _period(t) >= min_s:
+    if int((v[a : b + 1] > high).sum()) * _period(t) >= min_s:
+        return False
+    # A job's setup draws what this run's setup drew (the same node, the same kind of work);
+    # a rise that stays below that band is something else on the node.
+    if float(np.median(v[a : b + 1])) < low:
         return False
     after = np.flatnonzero(~idle[b + 1 :])
     stretch_end = float(t[b + 1 + after[0]]) if after.size else float(t[-1])
