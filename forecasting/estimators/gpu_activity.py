@@ -32,6 +32,7 @@ step (and eval) durations, the BLOOM-176B eval deadlock.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,7 +144,7 @@ class Episode:
 def phase_labels(times: np.ndarray, phases: Sequence[Phase]) -> np.ndarray:
     """The phase kind of every sample; later phases win where logged intervals overlap."""
     labels = np.full(times.shape, "idle", dtype=object)
-    for phase in sorted(phases, key=lambda p: (_rank(p.kind), p.start)):
+    for phase in sorted(phases, key=lambda p: (p.start, _rank(p.kind))):
         labels[(times >= phase.start) & (times < phase.end)] = phase.kind
     return labels
 
@@ -377,10 +378,10 @@ def departures(
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
     for _ in range(settings.passes):
-        level, lo, hi, dev, setup = _phase_pass(times, values, keys, labels, settings, mask)
+        level, lo, hi, dev, setup, scale = _phase_pass(times, values, keys, labels, settings, mask)
         if use_peers:
             assert peers is not None
-            dev = _peer_departure(times, values, peers, keys, settings, mask)
+            dev, scale = _peer_departure(times, values, peers, keys, settings, mask)
         found = _dilate(dev != 0, 2)
         # Each pass unmasks nothing and may mask more: the next pass learns the rolling level
         # without what this one found, so a long episode does not pull the level near it.
@@ -394,6 +395,8 @@ def departures(
         "lo": lo,
         "hi": hi,
         "dev": dev,
+        # The band's half-width at each sample: how far past it a departure goes, in bands.
+        "scale": scale,
         "labels": labels,
         "marks": marks,
         "setup": setup,
@@ -438,7 +441,7 @@ def _ramp_s(times: np.ndarray, near: np.ndarray, start: float, cap: float) -> fl
     """Seconds from `start` until two consecutive readings lie at the regime's level (one
     reading may pass through the band on its way); `cap` when they never do within it."""
     idx = np.flatnonzero((times >= start) & (times <= start + cap))
-    for i, j in zip(idx[:-1], idx[1:], strict=False):
+    for i, j in itertools.pairwise(idx):
         if near[i] and near[j]:
             return float(times[i] - start)
     return cap
@@ -459,7 +462,7 @@ def _phase_pass(
     labels: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float], np.ndarray]:
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
@@ -467,7 +470,7 @@ def _phase_pass(
     # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
     lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    return level, lo, hi, dev, _setup_band(labels, level, slack)
+    return level, lo, hi, dev, _setup_band(labels, level, slack), slack
 
 
 def _setup_band(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> tuple[float, float]:
@@ -513,7 +516,7 @@ def _peer_departure(
     keys: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """Departure from the peers' same-time level times this series' usual ratio to them.
 
     Peers are the sharper reference: the run's intra-step swings and its phases move them in
@@ -546,7 +549,8 @@ def _peer_departure(
     slack = np.where(np.isfinite(slack), slack, np.inf)
     # Peers are read at slightly different instants: one sampling period of alignment jitter.
     lo, hi = _band(times, expected, slack, 1.01 * dt)
-    return np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
+    dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
+    return dev, slack
 
 
 def _usual_ratio(ratio: np.ndarray, settings: Settings) -> float:
@@ -663,18 +667,30 @@ def _episode(
 ) -> Episode | None:
     dt = _period(t)
     start, end = float(t[a]), float(t[b]) + dt
-    if end - start < settings.min_duration_s:
-        return None
     seg = slice(a, b + 1)
     departing = d["dev"][seg] != 0
-    free = departing & ~covered[seg]
-    # Duration of what no point event covers: each sample stands for the time until the next
-    # one (a period; more across a gap in the readings, up to what _runs bridges).
-    weight = np.minimum(np.diff(t, append=t[-1] + dt), 5 * settings.merge_gap_s)
-    free_s = float(weight[seg][free].sum())
+    # Each sample stands for the time until the next one (a period; more across a gap in the
+    # readings, up to what _runs bridges), weighed by how far it lies from the expected level
+    # in bands (1 at the band's edge): a sequential test, where a strong excursion needs fewer
+    # readings than a weak one. 2-3 readings of a +20% burst on a sensor that skips readings
+    # are evidence enough; a weak blip of the same length is not, nor is one reading.
+    # Bursts only: foreign work adds, and a throttle lasts; a short strong drop is the run's
+    # own (a data-loader stall, the start of an eval: two to three readings each on GPT-3).
     up = float(np.median(d["dev"][seg][departing])) > 0
+    weight = np.minimum(np.diff(t, append=t[-1] + dt), 5 * settings.merge_gap_s)
+    scale = d["scale"][seg]
+    strength = 1.0 + np.abs(d["dev"][seg]) / np.where(scale > 0, scale, np.inf)
+    evidence = weight[seg] * (strength if up else 1.0)
+    if end - start < settings.min_duration_s and not _enough(
+        evidence[departing], settings.min_duration_s
+    ):
+        return None
+    free = departing & ~covered[seg]
+    free_s = float(weight[seg][free].sum())
     setup = up and _is_setup(t, v, d, a, b, settings.merge_gap_s + dt, settings.min_duration_s)
-    explained = setup or free_s < settings.min_duration_s
+    explained = setup or (
+        free_s < settings.min_duration_s and not _enough(evidence[free], settings.min_duration_s)
+    )
     expected = float(np.median(d["level"][seg]))
     observed = float(np.median(v[seg]))
     labels = d["labels"][seg]
@@ -683,7 +699,9 @@ def _episode(
     window = settings.tolerance_s if settings.event_window_s is None else settings.event_window_s
     reason = _reason(d["marks"], start, end, window) if explained else ""
     reason = "setup level until the node's next phase" if setup else reason
-    detected_at = _confirmation(t[seg][departing], dt, settings.min_duration_s)
+    detected_at = _confirmation(
+        t[seg][departing], weight[seg][departing], evidence[departing], settings.min_duration_s
+    )
     return Episode(
         start=start,
         end=end,
@@ -700,10 +718,23 @@ def _episode(
     )
 
 
-def _confirmation(times: np.ndarray, dt: float, min_s: float) -> float:
-    """When the departing samples first add up to min_s: an online detector's alarm time."""
-    needed = max(1, int(np.ceil(min_s / dt)))
-    return float(times[min(needed, times.size) - 1]) + dt
+def _enough(evidence: np.ndarray, min_s: float) -> bool:
+    """At least two readings whose band-weighted time adds up to min_s."""
+    return evidence.size >= 2 and float(evidence.sum()) >= min_s
+
+
+def _confirmation(
+    times: np.ndarray, weight: np.ndarray, evidence: np.ndarray, min_s: float
+) -> float:
+    """When the departing samples first add up to min_s of evidence (their time, or their
+    band-weighted time, from the second reading on): an online detector's alarm time."""
+    if times.size == 0:
+        return float("nan")
+    plain = np.cumsum(weight) >= min_s
+    strong = (np.cumsum(evidence) >= min_s) & (np.arange(times.size) >= 1)
+    hit = np.flatnonzero(plain | strong)
+    i = int(hit[0]) if hit.size else times.size - 1
+    return float(times[i] + weight[i])
 
 
 def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
