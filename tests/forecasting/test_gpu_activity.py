@@ -294,3 +294,26 @@ def test_an_eval_overlapping_the_next_epoch_ends_when_the_epoch_starts() -> None
     phases = [ga.Phase(0, 280, "train"), ga.Phase(280, 330, "eval"), ga.Phase(320, 340, "train")]
     assert ga.phase_labels(np.array([300.0, 325.0]), phases).tolist() == ["eval", "train"]
     assert unexplained(ga.find_episodes(t, v, ga.RunEvents(phases=phases))) == []
+
+
+def test_a_weak_burst_over_a_short_eval_is_found_against_peers() -> None:
+    # 2-s readings, a 4-reading eval every 40 s whose first reading is taken mid-transition
+    # (the peers, read at other instants, caught it elsewhere on the slope); a +11% burst
+    # covering one eval. The edge readings are not the eval's noise.
+    rng = np.random.default_rng(9)
+    t = np.arange(0, 600, 2.0)
+    base = np.full(t.size, 6250.0)
+    phases = [ga.Phase(0, 600, "train")]
+    for s in range(40, 600, 40):
+        base[(t >= s) & (t < s + 8)] = 5300.0
+        phases.append(ga.Phase(s - 0.5, s + 7.5, "eval"))
+    edge = np.isin(t, np.arange(40, 600, 40))
+    peers = base + rng.normal(0, 30, t.size)
+    v = base + rng.normal(0, 40, t.size)
+    peers[edge] = 5300 + rng.uniform(0, 900, edge.sum())
+    v[edge] = 5300 + rng.uniform(0, 900, edge.sum())
+    events = ga.RunEvents(phases=phases)
+    assert unexplained(ga.find_episodes(t, v, events, peers=peers)) == []
+    v[(t >= 320) & (t < 330)] *= 1.11
+    found = unexplained(ga.find_episodes(t, v, events, peers=peers))
+    assert [e.kind for e in found] == ["burst"] and 318 <= found[0].start <= 324
