@@ -12,19 +12,23 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    a fair share of it, the level nearest a reference (the peers' ratio 1; the phase's level over
    all its regimes). Later passes: a centred rolling median of the samples no earlier pass found
    departing. Spread: the noise of neighbouring samples (MAD of first differences). Idle uses a
-   low quantile: the GPU's idle is its floor, and foreign work only ever adds to it.
+   low quantile: the GPU's idle is its floor, and foreign work only ever adds to it. Noise
+   comes from a regime's interior readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
    sampling jitter), so the expected value at t is the band spanned by the levels of every regime
    present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
    band follows them: synchronous training moves all of them at once, foreign work only one.
    A sample departs when it lies outside the band(s) by more than max(z * spread, rel * level).
-4. **Episodes.** Consecutive departing samples (short gaps bridged), at least `min_duration_s`
-   long: a burst (up), a plateau (up, long) or a drop (down). An episode is *explained* when what
-   remains of it outside the windows of the run's point events (checkpoint, resume, architecture
-   change, step-time change, custom; +-tolerance) is shorter than `min_duration_s`; otherwise it
-   is *unexplained*, and `detected_at` is when it had lasted `min_duration_s` (online delay).
-   An idle rise to no more than the run's init level that lasts until idle ends is a job's
-   setup (explained).
+4. **Episodes.** Consecutive departing samples (short gaps bridged) with `min_duration_s` of
+   evidence: a burst (up), a plateau (up, long) or a drop (down). Evidence is each reading's
+   time to the next; for a burst, weighed by how far past the expected level it lies in bands
+   (a sequential test: a strong burst needs fewer readings, never fewer than two). An episode
+   is *explained* when what remains of it outside the windows of the run's point events
+   (checkpoint, resume, architecture change, step-time change, custom; +-tolerance) and the
+   warm-up (until the run's readings settle at their level) has less evidence than that;
+   otherwise it is *unexplained*, and `detected_at` is when the evidence was reached (online
+   delay). An idle rise to the run's init level that lasts until idle ends is a job's setup
+   (explained).
 
 `find_hang`: GPUs busy while neither the step counter nor any event has moved for many usual
 step (and eval) durations, the BLOOM-176B eval deadlock.
