@@ -113,7 +113,9 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-            conditions = _sustained(run=run, found=conditions, odds=odds, now=now)
+            conditions = _sustained(
+                run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
+            )
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
 
 
@@ -129,7 +131,9 @@ def _final_events(*, run: Run, now: datetime) -> list[Flag]:
     series = tracker_selectors.series_load(run=run, key=loss_key)
     if len(series) == 0:
         return []
-    found = _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+    found = _divergence_conditions(
+        run=run, key=loss_key, series=_thin_keep_nonfinite(series), keys=keys, now=now
+    )
     events = [c for c in found if c.kind in EVENT_KINDS]
     return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
@@ -158,11 +162,24 @@ def _sustain_window(run: Run, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+# Kinds read off the ETA: a forecast between two progress reports recomputes the same data
+# with a later clock, so a crossing counts as sustained only once it has held across new data
+# (the divergence detectors carry their own sustain, in points).
+SUSTAINED_ON_NEW_DATA = (Flag.Kind.DEADLINE, Flag.Kind.SLIP)
+
+
 def _sustained(
-    *, run: Run, found: list[Condition], odds: float | None, now: datetime
+    *,
+    run: Run,
+    found: list[Condition],
+    odds: float | None,
+    now: datetime,
+    input_step: int | None = None,
 ) -> list[Condition]:
     """Hysteresis: of trending conditions, report a new one only when every computation over
-    the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*).
+    the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*). A deadline or
+    slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports: on a run
+    that reports every few minutes, a window of recomputations of one report is one reading.
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
@@ -174,7 +191,7 @@ def _sustained(
         # and its findings must still accumulate (recomputing at the same instant is idempotent).
         last_step=int(now.timestamp()),
         now=now,
-        data={"found": sorted(c.kind for c in found), "deadline_p": odds},
+        data={"found": sorted(c.kind for c in found), "deadline_p": odds, "input": input_step},
     )
     window = _sustain_window(run, now)
     longest = window * th.FLAG_REOPEN_WINDOWS
@@ -190,10 +207,12 @@ def _sustained(
     def held(kind: str, span: timedelta) -> bool:
         rows = [d for at, d in history if at >= now - span]
         oldest = min((at for at, _ in history if at >= now - span), default=now)
+        inputs = {d.get("input") for d in rows}
         return (
             len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
             and now - oldest >= span * th.FLAG_SUSTAIN_COVERAGE
             and all(kind in (d.get("found") or []) for d in rows)
+            and (kind not in SUSTAINED_ON_NEW_DATA or len(inputs) >= th.FLAG_SUSTAIN_MIN_INPUTS)
         )
 
     rows = [(at, d) for at, d in history if at >= now - window]
@@ -319,7 +338,12 @@ def _deadline_condition(
     risk = deadline_risk(eta, run.deadline.train_by.timestamp())
     data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
     _store(run=run, kind=Forecast.Kind.DEADLINE, last_step=last_step, now=now, data=data)
-    if risk.p_on_time >= th.FLAG_DEADLINE_AT_RISK_P:
+    # An early ETA (a handful of intervals, or a sliver of the run) is damped and wide by
+    # design: the odds it gives say how little is known, not that the run is slow. It raises
+    # only when even so the run is more likely late than not; an open flag is kept or closed by
+    # the odds as usual.
+    raise_below = th.DEADLINE_LIKELY_LATE_P if eta.early else th.FLAG_DEADLINE_AT_RISK_P
+    if risk.p_on_time >= raise_below:
         return [], risk.p_on_time
     text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
     return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)], risk.p_on_time
@@ -349,11 +373,17 @@ def _loss_and_divergence(
             now=now,
             data={**loss.to_dict(), "key": key},
         )
-    return _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+    return _divergence_conditions(
+        run=run, key=key, series=_thin_keep_nonfinite(series), keys=keys, now=now
+    )
+
+
+# Loss keys that are a held-out evaluation (one smooth point per evaluation), not a train loss.
+EVALUATION_LOSS_KEYS = ("val_loss", "eval_loss")
 
 
 def _divergence_conditions(
-    *, run: Run, series: Series, keys: list[str], now: datetime
+    *, run: Run, key: str, series: Series, keys: list[str], now: datetime
 ) -> list[Condition]:
     checkpoints = [
         float(s)
@@ -377,6 +407,7 @@ def _divergence_conditions(
         gpu_count=run.world_size,
         gpu_hour_price=price,
         now=now.timestamp(),
+        evaluation=key in EVALUATION_LOSS_KEYS,
     )
     return [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
 
