@@ -178,8 +178,9 @@ def _sustained(
 ) -> list[Condition]:
     """Hysteresis: of trending conditions, report a new one only when every computation over
     the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*). A deadline or
-    slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports: on a run
-    that reports every few minutes, a window of recomputations of one report is one reading.
+    slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports (or, with no
+    new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
+    window of recomputations of one report is one reading.
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
@@ -204,16 +205,24 @@ def _sustained(
         ).values_list("computed_at", "data")
     )
 
-    def held(kind: str, span: timedelta) -> bool:
+    def found_throughout(kind: str, span: timedelta) -> tuple[bool, int]:
+        """Whether every computation over the span found it, and on how many reports."""
         rows = [d for at, d in history if at >= now - span]
         oldest = min((at for at, _ in history if at >= now - span), default=now)
-        inputs = {d.get("input") for d in rows}
-        return (
+        found = (
             len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
             and now - oldest >= span * th.FLAG_SUSTAIN_COVERAGE
             and all(kind in (d.get("found") or []) for d in rows)
-            and (kind not in SUSTAINED_ON_NEW_DATA or len(inputs) >= th.FLAG_SUSTAIN_MIN_INPUTS)
         )
+        return found, len({d.get("input") for d in rows})
+
+    def held(kind: str, span: timedelta) -> bool:
+        found, inputs = found_throughout(kind, span)
+        if not found or kind not in SUSTAINED_ON_NEW_DATA or inputs >= th.FLAG_SUSTAIN_MIN_INPUTS:
+            return found
+        # No new report in the window (a run that reports rarely, or has stopped: the stall
+        # flag speaks for that): the reading must then have held over the longest span.
+        return found_throughout(kind, longest)[0]
 
     rows = [(at, d) for at, d in history if at >= now - window]
     covered = (

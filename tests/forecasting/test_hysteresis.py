@@ -19,9 +19,14 @@ pytestmark = pytest.mark.django_db
 RISE = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
 
 
-def sync(run: Run, found: list[services.Condition], seconds: float) -> dict[str, Flag]:
+def sync(
+    run: Run, found: list[services.Condition], seconds: float, input_step: int | None = None
+) -> dict[str, Flag]:
+    """One computation; by default on new data (a progress report per computation)."""
     now = at(seconds)
-    kept = services._sustained(run=run, found=found, odds=_odds_at(run, now), now=now)
+    step = int(seconds) if input_step is None else input_step
+    odds = _odds_at(run, now)
+    kept = services._sustained(run=run, found=found, odds=odds, now=now, input_step=step)
     services.flags_sync(run=run, conditions=kept, kinds=services.FORECAST_FLAG_KINDS, now=now)
     return services.selectors.flags_open(run=run)
 
@@ -89,6 +94,33 @@ def test_a_deadline_flag_closes_only_when_the_odds_are_clearly_back(project):
         open_flags = sync(run, _odds(run, t, 0.97), t)
         t += 15
     assert "deadline" not in open_flags
+
+
+def test_a_deadline_crossing_must_hold_across_new_data(project):
+    """Between two progress reports every forecast recomputes the same report with a later
+    clock: however many of them find the odds low, that is one reading, not a sustained one."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for _ in range(8):  # two minutes of forecasts, all on the report of step 500
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=500)
+        t += 15
+    assert "deadline" not in open_flags
+    for step in (510, 520, 530, 540):  # new reports keep saying the same: now it is sustained
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=step)
+        t += 15
+    assert "deadline" in open_flags
+    Flag.objects.filter(run=run).delete()
+    for _ in range(18):  # no new report at all: four windows of the same low reading suffice
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=540)
+        t += 15
+    assert "deadline" in open_flags
+    # A divergence kind carries its own sustain (in points): recomputations count for it.
+    for _ in range(6):
+        open_flags = sync(run, [RISE], t, input_step=540)
+        t += 15
+    assert "rise" in open_flags
 
 
 def test_silence_while_the_server_was_down_is_not_the_runs() -> None:
