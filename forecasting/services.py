@@ -257,6 +257,11 @@ def _sustained(
             back = covered and not any(kind in s for s in seen)
         if not back:  # still open: the same condition, so no new row
             out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
+    if run.deadline_id is not None and Flag.Kind.DEADLINE not in {c.kind for c in out}:
+        # For a run aimed at a cutoff the slip is the why of a deadline flag, not news of its
+        # own: one computation's odds under 90% lets the slip be computed, but it is reported
+        # only while the deadline flag itself (sustained, with its hysteresis) is open.
+        out = [c for c in out if c.kind != Flag.Kind.SLIP]
     return out
 
 
