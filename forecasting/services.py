@@ -241,7 +241,16 @@ def _sustained(
     out = []
     for cond in found:
         span = longest if cond.kind in recently_resolved else window
-        if cond.kind not in SUSTAINED_KINDS or cond.kind in open_flags or held(cond.kind, span):
+        # A finding the detector already required to hold over several evaluations (a sparse
+        # validation curve, a point every few minutes) is sustained in points: a time window on
+        # top of it would outlast a short run. Kept open and closed like the others.
+        in_points = bool(cond.data.get("sustained_points"))
+        if (
+            cond.kind not in SUSTAINED_KINDS
+            or cond.kind in open_flags
+            or in_points
+            or held(cond.kind, span)
+        ):
             out.append(cond)
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():

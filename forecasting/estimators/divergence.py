@@ -41,6 +41,9 @@ class DivergenceFlag:
     cost: float | None = None
     layers_first: list[str] = field(default_factory=list)
     regression_to_step: float | None = None
+    # Evaluations the finding has held over (set by detectors that require it in points, so the
+    # service need not wait a time window on top).
+    sustained_points: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return as_json(self)
@@ -395,6 +398,7 @@ def _eval_rise_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
             f"{100 * (math.exp(excess) - 1):.1f}% or more above its best (step {s[best_i]:,.0f}), "
             f"now {100 * (math.exp(rise) - 1):.1f}% above it."
         ),
+        sustained_points=k,
     )
 
 
