@@ -261,6 +261,7 @@ def test_eval_curve_rise_above_its_best_is_flagged() -> None:
     found = _eval_rise_flag(s, v)
     assert found is not None and found.kind == "rise"
     assert found.onset_step == s[-2] and found.detected_step == s[-1]
+    assert found.sustained_points == 2  # the service need not wait a time window on top
     assert "Validation loss" in found.explanation and "above its best" in found.explanation
     assert "rise" in _kinds(detect_divergence(s, v, evaluation=True))
 

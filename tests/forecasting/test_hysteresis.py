@@ -57,6 +57,17 @@ def test_one_noisy_computation_neither_raises_nor_resolves(project):
     assert Flag.objects.filter(run=run, kind="rise", state="raised").count() == 1
 
 
+def test_a_finding_sustained_in_evaluations_raises_without_a_time_window(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    val_rise = services.Condition(
+        "rise", "Validation loss has risen", 9.0, 100.0, {"sustained_points": 2}
+    )
+    assert "rise" not in sync(run, [RISE], 1000)  # a train-loss rise waits for its window
+    assert "rise" in sync(run, [val_rise], 1015)  # held over two evaluations already
+
+
 def test_events_raise_at_once(project):
     run = make_run(project)
     nan = services.Condition("nan", "loss became NaN", 1.0, 10.0)
