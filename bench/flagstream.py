@@ -517,6 +517,21 @@ class Job:
     seed: int
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _repo_root_on_path() -> None:
+    """Let spawned workers import `bench` however this was started: a spawned process imports
+    this module (to find `_worker_init`) before any initializer runs, so the repository root must
+    already be on its path; PYTHONPATH is read by the child's interpreter at start-up."""
+    root = str(REPO_ROOT)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+
+
 def _worker_init(database_url: str | None) -> None:
     _setup_django(database_url if database_url and not database_url.startswith("sqlite") else None)
 
@@ -566,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     import multiprocessing
 
+    _repo_root_on_path()
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.processes, _worker_init, (args.database_url,)) as pool:
         for done, (_, replays, ok) in enumerate(pool.imap_unordered(_run_job, jobs), 1):

@@ -113,7 +113,9 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-            conditions = _sustained(run=run, found=conditions, odds=odds, now=now)
+            conditions = _sustained(
+                run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
+            )
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
 
 
@@ -129,7 +131,9 @@ def _final_events(*, run: Run, now: datetime) -> list[Flag]:
     series = tracker_selectors.series_load(run=run, key=loss_key)
     if len(series) == 0:
         return []
-    found = _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+    found = _divergence_conditions(
+        run=run, key=loss_key, series=_thin_keep_nonfinite(series), keys=keys, now=now
+    )
     events = [c for c in found if c.kind in EVENT_KINDS]
     return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
@@ -158,11 +162,25 @@ def _sustain_window(run: Run, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+# Kinds read off the ETA: a forecast between two progress reports recomputes the same data
+# with a later clock, so a crossing counts as sustained only once it has held across new data
+# (the divergence detectors carry their own sustain, in points).
+SUSTAINED_ON_NEW_DATA = (Flag.Kind.DEADLINE, Flag.Kind.SLIP)
+
+
 def _sustained(
-    *, run: Run, found: list[Condition], odds: float | None, now: datetime
+    *,
+    run: Run,
+    found: list[Condition],
+    odds: float | None,
+    now: datetime,
+    input_step: int | None = None,
 ) -> list[Condition]:
     """Hysteresis: of trending conditions, report a new one only when every computation over
-    the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*).
+    the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*). A deadline or
+    slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports (or, with no
+    new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
+    window of recomputations of one report is one reading.
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
@@ -174,7 +192,7 @@ def _sustained(
         # and its findings must still accumulate (recomputing at the same instant is idempotent).
         last_step=int(now.timestamp()),
         now=now,
-        data={"found": sorted(c.kind for c in found), "deadline_p": odds},
+        data={"found": sorted(c.kind for c in found), "deadline_p": odds, "input": input_step},
     )
     window = _sustain_window(run, now)
     longest = window * th.FLAG_REOPEN_WINDOWS
@@ -187,14 +205,24 @@ def _sustained(
         ).values_list("computed_at", "data")
     )
 
-    def held(kind: str, span: timedelta) -> bool:
+    def found_throughout(kind: str, span: timedelta) -> tuple[bool, int]:
+        """Whether every computation over the span found it, and on how many reports."""
         rows = [d for at, d in history if at >= now - span]
         oldest = min((at for at, _ in history if at >= now - span), default=now)
-        return (
+        found = (
             len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
             and now - oldest >= span * th.FLAG_SUSTAIN_COVERAGE
             and all(kind in (d.get("found") or []) for d in rows)
         )
+        return found, len({d.get("input") for d in rows})
+
+    def held(kind: str, span: timedelta) -> bool:
+        found, inputs = found_throughout(kind, span)
+        if not found or kind not in SUSTAINED_ON_NEW_DATA or inputs >= th.FLAG_SUSTAIN_MIN_INPUTS:
+            return found
+        # No new report in the window (a run that reports rarely, or has stopped: the stall
+        # flag speaks for that): the reading must then have held over the longest span.
+        return found_throughout(kind, longest)[0]
 
     rows = [(at, d) for at, d in history if at >= now - window]
     covered = (
@@ -213,7 +241,16 @@ def _sustained(
     out = []
     for cond in found:
         span = longest if cond.kind in recently_resolved else window
-        if cond.kind not in SUSTAINED_KINDS or cond.kind in open_flags or held(cond.kind, span):
+        # A finding the detector already required to hold over several evaluations (a sparse
+        # validation curve, a point every few minutes) is sustained in points: a time window on
+        # top of it would outlast a short run. Kept open and closed like the others.
+        in_points = bool(cond.data.get("sustained_points"))
+        if (
+            cond.kind not in SUSTAINED_KINDS
+            or cond.kind in open_flags
+            or in_points
+            or held(cond.kind, span)
+        ):
             out.append(cond)
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():
@@ -229,6 +266,11 @@ def _sustained(
             back = covered and not any(kind in s for s in seen)
         if not back:  # still open: the same condition, so no new row
             out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
+    if run.deadline_id is not None and Flag.Kind.DEADLINE not in {c.kind for c in out}:
+        # For a run aimed at a cutoff the slip is the why of a deadline flag, not news of its
+        # own: one computation's odds under 90% lets the slip be computed, but it is reported
+        # only while the deadline flag itself (sustained, with its hysteresis) is open.
+        out = [c for c in out if c.kind != Flag.Kind.SLIP]
     return out
 
 
@@ -319,7 +361,12 @@ def _deadline_condition(
     risk = deadline_risk(eta, run.deadline.train_by.timestamp())
     data = {**risk.to_dict(), "deadline": run.deadline.name, "deadline_slug": run.deadline.slug}
     _store(run=run, kind=Forecast.Kind.DEADLINE, last_step=last_step, now=now, data=data)
-    if risk.p_on_time >= th.FLAG_DEADLINE_AT_RISK_P:
+    # An early ETA (a handful of intervals, or a sliver of the run) is damped and wide by
+    # design: the odds it gives say how little is known, not that the run is slow. It raises
+    # only when even so the run is more likely late than not; an open flag is kept or closed by
+    # the odds as usual.
+    raise_below = th.DEADLINE_LIKELY_LATE_P if eta.early else th.FLAG_DEADLINE_AT_RISK_P
+    if risk.p_on_time >= raise_below:
         return [], risk.p_on_time
     text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
     return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)], risk.p_on_time
@@ -349,11 +396,17 @@ def _loss_and_divergence(
             now=now,
             data={**loss.to_dict(), "key": key},
         )
-    return _divergence_conditions(run=run, series=_thin_keep_nonfinite(series), keys=keys, now=now)
+    return _divergence_conditions(
+        run=run, key=key, series=_thin_keep_nonfinite(series), keys=keys, now=now
+    )
+
+
+# Loss keys that are a held-out evaluation (one smooth point per evaluation), not a train loss.
+EVALUATION_LOSS_KEYS = ("val_loss", "eval_loss")
 
 
 def _divergence_conditions(
-    *, run: Run, series: Series, keys: list[str], now: datetime
+    *, run: Run, key: str, series: Series, keys: list[str], now: datetime
 ) -> list[Condition]:
     checkpoints = [
         float(s)
@@ -377,6 +430,7 @@ def _divergence_conditions(
         gpu_count=run.world_size,
         gpu_hour_price=price,
         now=now.timestamp(),
+        evaluation=key in EVALUATION_LOSS_KEYS,
     )
     return [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
 

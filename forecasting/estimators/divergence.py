@@ -41,6 +41,9 @@ class DivergenceFlag:
     cost: float | None = None
     layers_first: list[str] = field(default_factory=list)
     regression_to_step: float | None = None
+    # Evaluations the finding has held over (set by detectors that require it in points, so the
+    # service need not wait a time window on top).
+    sustained_points: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return as_json(self)
@@ -126,8 +129,13 @@ def detect_divergence(
     gpu_count: int | None = None,
     gpu_hour_price: float | None = None,
     now: float | None = None,
+    evaluation: bool = False,
 ) -> list[DivergenceFlag]:
-    """Open divergence conditions at the end of the curve, most severe kinds first."""
+    """Open divergence conditions at the end of the curve, most severe kinds first.
+
+    `evaluation`: the curve is a validation (held-out) loss, logged every few hundred steps and
+    averaged over many batches; it is also checked against its own best (`_eval_rise_flag`).
+    """
     s = np.asarray(steps, dtype=float).ravel()
     v = np.asarray(values, dtype=float).ravel()
     n = min(len(s), len(v))
@@ -153,6 +161,11 @@ def detect_divergence(
         index_map = np.flatnonzero(finite)
         for finder in (_spike_flag, _rise_flag, _oscillation_flag, _regression_flag):
             found = finder(fs, fv)
+            if found is not None:
+                found.onset_index = int(index_map[found.onset_index])
+                flags.append(found)
+        if evaluation and not any(f.kind in ("rise", "regression") for f in flags):
+            found = _eval_rise_flag(fs, fv)
             if found is not None:
                 found.onset_index = int(index_map[found.onset_index])
                 flags.append(found)
@@ -341,6 +354,51 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
             f"({100 * (math.exp(lost) - 1):.1f}% above its best, reached at step {bs[best]:,.0f})."
         ),
         regression_to_step=float(bs[back_to]),
+    )
+
+
+def _eval_rise_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
+    """A validation loss held clearly above its own best for its last few evaluations.
+
+    A validation curve has a dozen to a few hundred points (one per evaluation), each an average
+    over many batches: the rise and regression detectors' bins and smoothing need far more points
+    than that, and by the time they have them the run is over. Such a curve is smooth, so it is
+    compared point by point: the last DIV_EVAL_SUSTAIN_POINTS evaluations must all lie above the
+    best one before them by at least DIV_EVAL_MIN_FRACTION and by DIV_EVAL_NOISE_MULT times the
+    largest rise between two consecutive evaluations before them. That rise is the curve's own
+    noise (a small eval set wobbles up now and then; a healthy curve otherwise only falls), and
+    the fall between evaluations is trend, not noise. A climb in small steps is still caught: the
+    distance above the best accumulates while the largest single step does not.
+    """
+    k = th.DIV_EVAL_SUSTAIN_POINTS
+    if len(v) < th.DIV_EVAL_MIN_HISTORY + k:
+        return None
+    y = to_log(v)
+    before, last = y[:-k], y[-k:]
+    best_i = int(np.argmin(before))
+    best = float(before[best_i])
+    steps_up = np.diff(before)
+    noise = float(np.max(steps_up, initial=0.0))
+    need = max(math.log(1 + th.DIV_EVAL_MIN_FRACTION), th.DIV_EVAL_NOISE_MULT * noise)
+    excess = float(np.min(last)) - best
+    if excess < need:
+        return None
+    # Onset: the first evaluation after the best one that already stood half the margin above it.
+    up = np.flatnonzero(y[best_i + 1 :] - best >= 0.5 * need)
+    onset = best_i + 1 + int(up[0]) if up.size else len(y) - k
+    rise = float(y[-1] - best)
+    return DivergenceFlag(
+        kind="rise",
+        onset_step=float(s[onset]),
+        onset_index=onset,
+        detected_step=float(s[-1]),
+        severity=float(excess / max(noise, th.DIV_SCALE_FLOOR / 4)),
+        explanation=(
+            f"Validation loss has risen since step {s[onset]:,.0f}: its last {k} evaluations are "
+            f"{100 * (math.exp(excess) - 1):.1f}% or more above its best (step {s[best_i]:,.0f}), "
+            f"now {100 * (math.exp(rise) - 1):.1f}% above it."
+        ),
+        sustained_points=k,
     )
 
 

@@ -238,6 +238,13 @@ DIV_REGRESSION_MIN_FRACTION = 0.05  # at least 5% above the best smoothed loss
 # a regression is "back at its level of ten days ago".
 DIV_REGRESSION_MIN_LOST_SHARE = 0.10
 DIV_REGRESSION_ONSET_SHARE = 0.25  # onset: last time the loss was within 25% of the lost ground
+# Validation curves (one point per evaluation, each averaged over many batches): see
+# divergence._eval_rise_flag. On the developer set no healthy validation curve ever stood above
+# its running best at two consecutive evaluations; these margins leave room for noisier eval sets.
+DIV_EVAL_SUSTAIN_POINTS = 2  # the rise must hold at two consecutive evaluations (not one odd eval)
+DIV_EVAL_MIN_HISTORY = 3  # evaluations before them: a best and a noise scale to compare with
+DIV_EVAL_MIN_FRACTION = 0.05  # at least 5% above the best evaluation so far ...
+DIV_EVAL_NOISE_MULT = 3.0  # ... and 3x the largest rise between two evaluations before them
 DIV_LAYER_Z = 5.0  # a layer's grad norm "moved": 5 robust sd off its baseline, held 2 points
 DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run before onset
 DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
@@ -330,6 +337,9 @@ FLAG_SUSTAIN_FRACTION = 0.05
 FLAG_SUSTAIN_MIN_S = 45.0
 FLAG_SUSTAIN_MAX_S = 1200.0
 FLAG_SUSTAIN_MIN_COMPUTATIONS = 3
+# ... and, for the ETA-driven kinds (deadline, slip), over at least two progress reports: a run
+# that reports every few minutes is otherwise judged on one reading recomputed three times.
+FLAG_SUSTAIN_MIN_INPUTS = 2
 # The computations found must reach back over two thirds of the window (forecasts are not evenly
 # spaced: they follow the data) for it to count as covered.
 FLAG_SUSTAIN_COVERAGE = 2 / 3

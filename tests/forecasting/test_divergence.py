@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forecasting.estimators.divergence import detect_divergence, spike_alarms
+from forecasting.estimators.divergence import _eval_rise_flag, detect_divergence, spike_alarms
 
 CURVES = Path("/work/shared/data/curves")
 
@@ -241,3 +241,63 @@ def test_the_estimator_and_the_flag_model_spell_the_same_kinds() -> None:
     from forecasting.models import Flag
 
     assert set(KINDS) == set(Flag.DIVERGENCE_KINDS) <= set(Flag.Kind.values)
+
+
+# --- validation curves: one point per evaluation ---------------------------------------------
+
+
+def _eval_curve(n: int = 16, noise: float = 0.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A val loss logged every 125 steps: a fast fall, then a slow one (as a speedrun's)."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(n, dtype=float) * 125
+    level = (3.2 + 7.6 * np.exp(-s / 150.0)) * (1 - 0.03 * s / s[-1])
+    return s, level * np.exp(rng.normal(0, noise, n))
+
+
+def test_eval_curve_rise_above_its_best_is_flagged() -> None:
+    s, v = _eval_curve()
+    v = v.copy()
+    v[-2:] *= [1.15, 1.25]  # the last two evaluations climb back 15-25%
+    found = _eval_rise_flag(s, v)
+    assert found is not None and found.kind == "rise"
+    assert found.onset_step == s[-2] and found.detected_step == s[-1]
+    assert found.sustained_points == 2  # the service need not wait a time window on top
+    assert "Validation loss" in found.explanation and "above its best" in found.explanation
+    assert "rise" in _kinds(detect_divergence(s, v, evaluation=True))
+
+
+def test_eval_curve_one_odd_evaluation_is_not_a_rise() -> None:
+    s, v = _eval_curve()
+    v = v.copy()
+    v[-1] *= 1.3  # only the latest: it must hold at two evaluations
+    assert _eval_rise_flag(s, v) is None
+    v[-1] /= 1.3
+    v[-3] *= 1.3  # a blip that came back down is not open either
+    assert _eval_rise_flag(s, v) is None
+
+
+def test_eval_curve_rise_must_beat_its_own_wobble() -> None:
+    s, v = _eval_curve(n=30)
+    v = v.copy()
+    v[10::2] *= 1.04  # a small eval set: every other evaluation 4% up
+    v[-2:] = v[:-2].min() * 1.07  # 7% above the best: under 3x its 4% wobbles
+    assert _eval_rise_flag(s, v) is None
+    v[-2:] = v[:-2].min() * 1.3
+    assert _eval_rise_flag(s, v) is not None
+
+
+def test_eval_curve_slow_climb_is_caught_as_it_accumulates() -> None:
+    s, v = _eval_curve(n=24)
+    v = v.copy()
+    v[12:] = v[11] * 1.03 ** np.arange(1, 13)  # +3% per evaluation: each step small
+    found = [i for i in range(14, 25) if _eval_rise_flag(s[:i], v[:i]) is not None]
+    assert found and found[0] < 24
+    assert found == list(range(found[0], 25))  # and it stays open while the loss climbs
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+def test_healthy_eval_curves_never_flag_a_rise(noise: float) -> None:
+    for seed in range(20):
+        s, v = _eval_curve(n=16, noise=noise, seed=seed)
+        for i in range(3, len(s) + 1):
+            assert _eval_rise_flag(s[:i], v[:i]) is None

@@ -19,9 +19,14 @@ pytestmark = pytest.mark.django_db
 RISE = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
 
 
-def sync(run: Run, found: list[services.Condition], seconds: float) -> dict[str, Flag]:
+def sync(
+    run: Run, found: list[services.Condition], seconds: float, input_step: int | None = None
+) -> dict[str, Flag]:
+    """One computation; by default on new data (a progress report per computation)."""
     now = at(seconds)
-    kept = services._sustained(run=run, found=found, odds=_odds_at(run, now), now=now)
+    step = int(seconds) if input_step is None else input_step
+    odds = _odds_at(run, now)
+    kept = services._sustained(run=run, found=found, odds=odds, now=now, input_step=step)
     services.flags_sync(run=run, conditions=kept, kinds=services.FORECAST_FLAG_KINDS, now=now)
     return services.selectors.flags_open(run=run)
 
@@ -50,6 +55,17 @@ def test_one_noisy_computation_neither_raises_nor_resolves(project):
         open_flags = sync(run, [], t)
     assert "rise" not in open_flags
     assert Flag.objects.filter(run=run, kind="rise", state="raised").count() == 1
+
+
+def test_a_finding_sustained_in_evaluations_raises_without_a_time_window(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    val_rise = services.Condition(
+        "rise", "Validation loss has risen", 9.0, 100.0, {"sustained_points": 2}
+    )
+    assert "rise" not in sync(run, [RISE], 1000)  # a train-loss rise waits for its window
+    assert "rise" in sync(run, [val_rise], 1015)  # held over two evaluations already
 
 
 def test_events_raise_at_once(project):
@@ -89,6 +105,52 @@ def test_a_deadline_flag_closes_only_when_the_odds_are_clearly_back(project):
         open_flags = sync(run, _odds(run, t, 0.97), t)
         t += 15
     assert "deadline" not in open_flags
+
+
+def test_a_deadline_crossing_must_hold_across_new_data(project):
+    """Between two progress reports every forecast recomputes the same report with a later
+    clock: however many of them find the odds low, that is one reading, not a sustained one."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for _ in range(8):  # two minutes of forecasts, all on the report of step 500
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=500)
+        t += 15
+    assert "deadline" not in open_flags
+    for step in (510, 520, 530, 540):  # new reports keep saying the same: now it is sustained
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=step)
+        t += 15
+    assert "deadline" in open_flags
+    Flag.objects.filter(run=run).delete()
+    for _ in range(18):  # no new report at all: four windows of the same low reading suffice
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=540)
+        t += 15
+    assert "deadline" in open_flags
+    # A divergence kind carries its own sustain (in points): recomputations count for it.
+    for _ in range(6):
+        open_flags = sync(run, [RISE], t, input_step=540)
+        t += 15
+    assert "rise" in open_flags
+
+
+def test_a_slip_on_a_run_with_a_cutoff_is_news_only_with_its_deadline_flag(project):
+    from tracker.models import Deadline
+
+    Deadline.objects.create(project=project, slug="eval", name="eval", cutoff=at(90_000))
+    run = make_run(project, deadline="eval")
+    run.started_at = at(0)
+    run.save()
+    slip = services.Condition("slip", "ETA slipping", 3600.0, None, {"amount_s": 3600.0})
+    t = 1000.0
+    for k in range(12):  # the odds dip under 90% now and then: the deadline flag stays shut
+        open_flags = sync(run, [*_odds(run, t, 0.6 if k % 2 else 0.92), slip], t)
+        t += 15
+    assert "deadline" not in open_flags and "slip" not in open_flags
+    for _ in range(6):  # the odds stay under 90%: the deadline opens, and the slip with it
+        open_flags = sync(run, [*_odds(run, t, 0.6), slip], t)
+        t += 15
+    assert "deadline" in open_flags and "slip" in open_flags
 
 
 def test_silence_while_the_server_was_down_is_not_the_runs() -> None:

@@ -62,12 +62,15 @@ def halve_pace(run, *, rounds=8):
         compute_sustained(run, t)
 
 
-def compute_sustained(run, seconds):
+def compute_sustained(run, seconds, *, windows=1):
     """Forecasts over the hysteresis window (5% of the run so far, at least 45 s) that a
-    trending condition must hold through before it raises; returns the last time used."""
-    window = max(45.0, 0.05 * seconds)
-    for k in range(4):
-        services.forecast_compute(run_id=run.pk, now=at(seconds + k * window / 3))
+    trending condition must hold through before it raises; returns the last time used.
+
+    A deadline or slip read again and again off one progress report must hold four windows
+    (`windows=4`): over one window it would be one reading recomputed."""
+    window = max(45.0, 0.05 * seconds) * windows
+    for k in range(3 * windows + 1):
+        services.forecast_compute(run_id=run.pk, now=at(seconds + k * window / (3 * windows)))
     return seconds + window
 
 
@@ -140,6 +143,9 @@ def test_it_flags_a_deadline_the_run_cannot_make(project):
     services.forecast_compute(run_id=run.pk, now=at(4000))
     assert not Flag.objects.filter(run=run, kind="deadline").exists()  # one forecast: not yet
     compute_sustained(run, 4000)
+    # One report, recomputed through a window: one reading, not yet a sustained one.
+    assert not Flag.objects.filter(run=run, kind="deadline").exists()
+    compute_sustained(run, 4000, windows=4)
     risk = Forecast.objects.filter(run=run, kind="deadline").latest("computed_at").data
     assert risk["p_on_time"] < 0.05  # needs ~6,000 s more, has 3,000
     flag = Flag.objects.get(run=run, kind="deadline")
@@ -199,7 +205,7 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     run = make_run(project, deadline="eval")
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
-    later = compute_sustained(run, 4000)
+    later = compute_sustained(run, 4000, windows=4)
     assert selectors.flags_open(run=run)["deadline"].state == "raised"
     # The plan is gone (the job restarted without its total): no ETA can be made.
     Run.objects.filter(pk=run.pk).update(total_steps=None)
@@ -249,3 +255,35 @@ def test_a_slip_that_leaves_the_cutoff_safe_raises_nothing(project):
     services.forecast_compute(run_id=run.pk, now=at(2000))
     halve_pace(run)
     assert not Flag.objects.filter(run=run, kind__in=["slip", "deadline"]).exists()
+
+
+def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(project):
+    """An early forecast (a few intervals seen) is wide by design: its 70% says how little is
+    known. It raises only below 50%; the same odds from a settled forecast do raise."""
+    from forecasting.estimators.eta import EtaForecast
+
+    Deadline.objects.create(
+        project=project, slug="eval", name="blind eval", cutoff=at(7000), buffer=timedelta(0)
+    )
+    run = make_run(project, deadline="eval")
+
+    def eta(p50: float, *, early: bool) -> EtaForecast:
+        # Finish P10/P50/P90 around p50 seconds from now (t = 1,000 s), log-spread 0.3.
+        lo, hi = p50 * np.exp(-0.3), p50 * np.exp(0.3)
+        return EtaForecast(
+            now=T0 + 1000, current_step=500, total_steps=10_000, rate_steps_per_s=1.0,
+            compute_p10=lo, compute_p50=p50, compute_p90=hi, wall_p10=lo, wall_p50=p50,
+            wall_p90=hi, interruptions_seen=0, downtime_s=0.0, lost_steps=0.0, early=early,
+        )  # fmt: skip
+
+    def conditions(forecast: EtaForecast) -> tuple[list[services.Condition], float]:
+        return services._deadline_condition(run=run, eta=forecast, last_step=500, now=at(1000))
+
+    # 6,000 s left; a P50 of 5,000 s with this spread is about 73% on time.
+    unsure, odds = conditions(eta(5000.0, early=True))
+    assert 0.5 < odds < 0.9 and unsure == []
+    settled, odds = conditions(eta(5000.0, early=False))
+    assert 0.5 < odds < 0.9 and [c.kind for c in settled] == ["deadline"]
+    # Likely late even for an early forecast: raised.
+    late, odds = conditions(eta(9000.0, early=True))
+    assert odds < 0.5 and [c.kind for c in late] == ["deadline"]
