@@ -316,3 +316,27 @@ def test_real_runs_mid_and_late_intervals_cover_their_share() -> None:
     cover = {c: float(np.mean([np.mean(v) for v in fam.values()])) for c, fam in hits.items()}
     assert cover[50] >= 0.8, cover
     assert 0.75 <= cover[90] <= 0.9, cover
+
+
+def test_a_long_log_with_a_shift_checks_few_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forecast (each 15 s per active run) searches the pace log for its last shift.
+    Checking each significant split with a median made that quadratic on long logs; the
+    search checks only splits that can still win, and finds the same shift."""
+    from forecasting.estimators import eta
+
+    rng = np.random.default_rng(3)
+    logp = rng.normal(0.0, 0.01, 2000)
+    logp[1200:] += 0.3  # the pace slowed by a third at bin 1200
+    calls = 0
+    median = np.median
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return median(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(eta.np, "median", counting)
+    starts: list[int] = []
+    assert eta._regime_start(logp, np.arange(2000.0), 0.0, starts) == 1200
+    assert starts == [1200]
+    assert calls < 50  # was one per significant split: ~2,000 here
