@@ -385,12 +385,14 @@ def scan(
             new_level = _level(x[:a], scale[:a])
         level = np.where(keep_old, level, new_level)
         fill_scale(a, e, level)
-        # Rows are read in units of the job's scale, but never of one quieter than the
-        # history's median scale: a rank's level and its offsets are known only to the
-        # precision of the rows they were learnt from, and where a rank's offset grows with the
-        # job's noise (contention), a quiet row would magnify the level's error into alarms on
-        # hundreds of ranks at once. Noisier rows are shrunk in full.
-        used = np.fmax(scale, float(np.median(scale[:a])))
+        # Rows are read in units of the job's scale, but never in units finer than the
+        # precision the levels were learnt at (the history's precision-weighted scale, the one
+        # their standard error uses): where a rank's offset grows with the job's noise
+        # (contention), a quiet row read in its own units magnified the level's error into
+        # alarms on hundreds of ranks at once (51 at one row of a 1,024-rank world). Noisier
+        # rows are shrunk in full.
+        typical = float(1.0 / np.sqrt(np.mean(scale[:a] ** -2.0)))
+        used = np.fmax(scale, typical)
         # The reference sizes k are log shifts: in row-scale units at the scale of the row
         # before the checkpoint (a 5% shift is a big one in a quiet job, a small one in a noisy).
         ref = used[a - 1]
@@ -398,7 +400,6 @@ def scan(
         # The level is itself estimated from `a` rows: its error would read as a shift, so the
         # slack on k grows by its standard error (the long-run noise in log units over sqrt(a),
         # at the history's precision-weighted scale), here in units of each row's scale.
-        typical = float(1.0 / np.sqrt(np.mean(scale[:a] ** -2.0)))
         level_se = th.STRAGGLER_LEVEL_SE * sigma.max(axis=0) * typical / np.sqrt(max(a, 1))
         slack = level_se[None, :] / used[a:e, None]
         rows = np.arange(a, e)[:, None]
