@@ -176,25 +176,45 @@ def _subsample(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _level(x: np.ndarray) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return nanmedian(_subsample(x), axis=0)
+def _level(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Each column's level: the median of its rows weighted by their precision (1 / scale^2).
+
+    A job's noise may change several-fold; rows of a noisy spell say little about a rank's
+    level, and a plain median over them can sit several quiet-spell noise units away from it
+    (the CUSUMs then read the error as a shift: 10-40 false alarms in a 256-rank world whose
+    noise went 13% -> 1.6% -> 6%)."""
+    n = x.shape[0]
+    if n > th.STRAGGLER_LEVEL_MAX_ROWS:
+        at = np.linspace(0, n - 1, th.STRAGGLER_LEVEL_MAX_ROWS).astype(int)
+        x, scale = x[at], scale[at]
+    w = 1.0 / np.fmax(scale, th.STRAGGLER_MIN_NOISE) ** 2
+    order = np.argsort(x, axis=0)  # NaN last
+    xs = np.take_along_axis(x, order, axis=0)
+    ws = np.where(np.isfinite(xs), w[order], 0.0)
+    cw = np.cumsum(ws, axis=0)
+    half = cw[-1:] / 2.0
+    i = np.clip(np.sum(cw < half, axis=0, keepdims=True), 0, x.shape[0] - 1)
+    out = np.take_along_axis(xs, i, axis=0)[0]
+    return np.where(cw[-1] > 0, out, np.nan)
 
 
-def _level_and_noise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-series median, noise per block length (blocks x series) and row noise, robustly.
+def _level_and_noise(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-series median (log), and the noise per block length (blocks x series) and of single
+    rows, both in units of each row's cross-rank scale (`scale`, one per row), robustly.
 
     The level and row noise come from an evenly thinned history (medians do not need every
     row); the noise of block means comes from all rows, since thinning stretches a block.
     """
-    floor = th.STRAGGLER_MIN_NOISE
+    floor = th.STRAGGLER_MIN_NOISE / max(float(np.nanmedian(scale)), th.STRAGGLER_MIN_NOISE)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: a rank not yet seen
-        thin = _subsample(x)
-        level = nanmedian(thin, axis=0)
-        point = 1.4826 * nanmedian(np.abs(thin - level), axis=0)
-        longrun = _longrun_noise(x - level, point)
+        level = _level(x, scale)
+        # Residuals from the rank's own level, divided by their row's cross-rank scale: the
+        # job's noise may change for good (a 13% -> 1.6% -> 6% CoV), its ranks' standardised
+        # noise much less, so the history's noise stays a fair guide to the rows ahead.
+        u = (x - level) / scale[:, None]
+        point = 1.4826 * nanmedian(np.abs(_subsample(u)), axis=0)
+        longrun = _longrun_noise(u, point)
         # Pooled over series: a dozen blocks per series is a noisy scale, and the ranks of one
         # job share their noise; a series noisier than the pool keeps its own (fewer false
         # alarms, at the cost of a slower alarm on that series).
@@ -206,6 +226,21 @@ def _level_and_noise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     point = np.fmax(np.fmax(point, pooled_point), floor)
     point = np.where(np.isfinite(point), point, floor)
     return level, sigma, point
+
+
+def _row_spread(dev: np.ndarray) -> np.ndarray:
+    """Each row's cross-series spread (MAD, normal-consistent) of deviations from own levels."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return 1.4826 * nanmedian(np.abs(dev - nanmedian(dev, axis=1)[:, None]), axis=1)
+
+
+def _smooth_rows(m: int) -> int:
+    """Rows the cross-rank spread is averaged over: enough cells that its sampling error is
+    about STRAGGLER_SCALE_ERROR (a MAD of m normal values has a relative error ~1.17/sqrt(m):
+    half its value over ten ranks, 4% over a thousand)."""
+    cells = (th.STRAGGLER_MAD_EFFICIENCY / th.STRAGGLER_SCALE_ERROR) ** 2
+    return int(np.clip(np.ceil(cells / max(m, 1)), 1, th.STRAGGLER_SCALE_MAX_ROWS))
 
 
 def _page(
@@ -231,34 +266,29 @@ def _deviations(
     a: int,
     e: int,
     level: np.ndarray,
-    sigma: np.ndarray,
     point: np.ndarray,
-    spread_then: np.ndarray,
-    spread_now: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rows a..e of x as CUSUM input: (slack on k, clip, clipped deviation from the level, burst
-    factor per row, which cells count)."""
+    raw_spread: np.ndarray,
+    scale: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows a..e of x as CUSUM input in row-scale units: (clip, clipped standardised deviation
+    from the level, burst factor per row, which cells count)."""
     m = x.shape[1]
-    # The level is itself estimated from `a` rows: its error would read as a shift, so the
-    # slack k grows by its standard error (the long-run noise over sqrt(a)).
-    slack = th.STRAGGLER_LEVEL_SE * sigma.max(axis=0) / np.sqrt(max(a, 1))
     clip = th.STRAGGLER_CLIP_SIGMAS * point
     rel = x[a:e]
     ok = np.isfinite(rel) & np.isfinite(level)
     # The shift is measured from the rank's own level, so a rank at 0.98x that slows by 5% is a
     # 5% shift (not 3%); whether the job waits for it (it is now slower than the median rank)
-    # is asked apart, when the alarm is raised.
-    dev = np.clip(np.where(ok, rel - np.nan_to_num(level), 0.0), -clip, clip)
-    # Rows where every rank is unusually spread (a burst of contention) weigh less: their
-    # deviations are shrunk by how much wider than usual the ranks' spread is. The allowance is
-    # the sampling error of a spread over m series (over ten ranks it wobbles by half; over a
-    # thousand, by a few percent). "Usual" is over the rows the noise was measured on, so the
-    # two agree: a usual spread refreshed at every checkpoint beside a noise refreshed less often
-    # let a lasting rise of the job's noise through (22 false alarms in one 256-rank world).
-    usual = np.nanmedian(spread_then) * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
-    burst = np.fmax(spread_now / usual, 1.0)
+    # is asked apart, when the alarm is raised. Each row is divided by the job's cross-rank
+    # scale (smoothed over a few rows), both ways: a quiet spell sharpens, a noisy one blunts.
+    dev = np.where(ok, rel - np.nan_to_num(level), 0.0) / scale[a:e, None]
+    dev = np.clip(dev, -clip, clip)
+    # A single row much wider than the smoothed scale (a burst of contention over a few ranks'
+    # rows, or one the smoothing has not caught up with) is shrunk by the excess beyond the
+    # sampling error of a spread over m series; with many ranks the scale is the row's own.
+    usual = scale[a:e] * (1.0 + th.STRAGGLER_BURST_FACTOR / np.sqrt(m))
+    burst = np.fmax(raw_spread[a:e] / usual, 1.0)
     burst = np.where(np.isfinite(burst), burst, 1.0)[:, None]
-    return slack, clip, dev / burst, burst, ok
+    return clip, dev / burst, burst, ok
 
 
 def _slower_than_median(
@@ -286,6 +316,9 @@ def scan(
 
     Each column's own level and noise come from the rows before the current checkpoint, and are
     frozen while the column is in (or near) alarm, so a straggler does not become its own normal.
+    Deviations from the level are divided by their row's cross-column scale (a causal, smoothed
+    MAD), so the CUSUMs see noise of the same size whether the job is quiet or noisy now; the
+    reference sizes k (log units) are turned into those units at the scale of the checkpoint.
     With `level_ratio`, one more CUSUM tests the absolute level (ratio to the median rank) too.
     """
     n, m = x.shape
@@ -307,10 +340,28 @@ def scan(
     block_of = [th.STRAGGLER_BLOCK_ROWS.index(b) for b in th.STRAGGLER_CUSUM_BLOCK]
     h_last = np.zeros((n_k, m))
     frozen = np.zeros(m, dtype=bool)
+    # Row scale: each row's cross-column spread of deviations from the levels of its checkpoint
+    # (causal), averaged over the last few rows (a spread over ten ranks is itself noisy).
+    raw_spread = np.full(n, np.nan)
+    width = _smooth_rows(m)
+    scale = np.full(n, np.nan)
+
+    def fill_scale(lo: int, hi: int, lev: np.ndarray) -> None:
+        raw_spread[lo:hi] = _row_spread(x[lo:hi] - lev)
+        w0 = max(0, lo - width + 1)
+        seg = raw_spread[w0:hi]
+        ok_ = np.isfinite(seg)
+        c = np.concatenate(([0.0], np.cumsum(np.where(ok_, seg, 0.0))))
+        cn = np.concatenate(([0], np.cumsum(ok_)))
+        idx = np.arange(lo - w0, hi - w0) + 1
+        lo_idx = np.clip(idx - width, 0, None)
+        with np.errstate(all="ignore"):
+            mean = (c[idx] - c[lo_idx]) / (cn[idx] - cn[lo_idx])
+        prev = scale[lo - 1] if lo > 0 and np.isfinite(scale[lo - 1]) else th.STRAGGLER_MIN_NOISE
+        mean = np.where(np.isfinite(mean), mean, prev)
+        scale[lo:hi] = np.fmax(mean, th.STRAGGLER_MIN_NOISE)
+
     noise_rows = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        spread = nanmedian(np.abs(x - nanmedian(x, axis=1)[:, None]), axis=1)
     # Running sums of x (a missing cell adds nothing) give the mean of any excursion in O(1):
     # an alarm needs the rank to be slower than the median rank over its excursion.
     seen = np.isfinite(x)
@@ -318,35 +369,59 @@ def scan(
     csum_x = np.concatenate((zero, np.cumsum(np.where(seen, x, 0.0), axis=0)), axis=0)
     csum_n = np.concatenate((zero, np.cumsum(seen, axis=0, dtype=float)), axis=0)
     first = min(n, th.STRAGGLER_MIN_ROWS)
+    fill_scale(0, first, nanmedian(x[:first], axis=0))
     cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
+    ref = scale[max(first - 1, 0)]
     for a, e in itertools.pairwise(cuts):
         keep_old = frozen & np.isfinite(level)
         if a >= th.STRAGGLER_NOISE_GROWTH * noise_rows:
             # The noise estimate changes slowly with more rows: refresh it when they have grown
             # by half (the level is refreshed at every checkpoint).
-            new_level, new_sigma, new_point = _level_and_noise(x[:a])
+            new_level, new_sigma, new_point = _level_and_noise(x[:a], scale[:a])
             sigma = np.where(keep_old, sigma, new_sigma)
             point = np.where(keep_old, point, new_point)
             noise_rows = a
         else:
-            new_level = _level(x[:a])
+            new_level = _level(x[:a], scale[:a])
         level = np.where(keep_old, level, new_level)
-        slack, clip, dev, burst, ok = _deviations(
-            x, a, e, level, sigma, point, spread[:noise_rows], spread[a:e]
-        )
+        fill_scale(a, e, level)
+        # Rows are read in units of the job's scale, but never in units finer than the
+        # precision the levels were learnt at (the history's precision-weighted scale, the one
+        # their standard error uses): where a rank's offset grows with the job's noise
+        # (contention), a quiet row read in its own units magnified the level's error into
+        # alarms on hundreds of ranks at once (51 at one row of a 1,024-rank world). Noisier
+        # rows are shrunk in full.
+        typical = float(1.0 / np.sqrt(np.mean(scale[:a] ** -2.0)))
+        used = np.fmax(scale, typical)
+        # The reference sizes k are log shifts: in row-scale units at the scale of the row
+        # before the checkpoint (a 5% shift is a big one in a quiet job, a small one in a noisy).
+        ref = used[a - 1]
+        clip, dev, burst, ok = _deviations(x, a, e, level, point, raw_spread, used)
+        # The level is itself estimated from `a` rows: its error would read as a shift, so the
+        # slack on k grows by its standard error (the long-run noise in log units over sqrt(a),
+        # at the history's precision-weighted scale), here in units of each row's scale.
+        level_se = th.STRAGGLER_LEVEL_SE * sigma.max(axis=0) * typical / np.sqrt(max(a, 1))
+        slack = level_se[None, :] / used[a:e, None]
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
         for j in range(n_k):
             if j < ks.size:
-                k = ks[j] + slack
-                inc = np.where(ok, dev - k, 0.0)
+                inc = np.where(ok, dev - ks[j] / ref - slack, 0.0)
+                k = (ks[j] + level_se) / ref
             else:
-                k = np.full(m, th.STRAGGLER_LEVEL_K)
+                k = np.full(m, th.STRAGGLER_LEVEL_K / ref)
                 rel = x[a:e]
                 gap = np.where(np.isfinite(rel), rel, 0.0) - np.log(level_ratio or 1.0)
+                gap = gap / used[a:e, None]
                 inc = np.where(np.isfinite(rel), np.clip(gap, -clip, clip) / burst, 0.0)
             h = sigma[block_of[j]] ** 2 * log_a / (2.0 * k)
+            # A new checkpoint changes the units (scale) and the threshold: the evidence carried
+            # over keeps its share of the threshold, or a lower threshold (a quieter scale)
+            # would turn the last segment's sums into alarms on many ranks at the same row.
+            carry = np.where(h_last[j] > 0, h / np.where(h_last[j] > 0, h_last[j], 1.0), 1.0)
+            s[j] *= carry
+            history[j] *= carry
             sj, stj = _page(s[j], st[j], inc, a)
             # Persistence: an excursion shorter than a few rows is a blip, however tall.
             hit = (sj > h) & (rows - stj >= th.STRAGGLER_PERSIST_ROWS - 1)
@@ -361,7 +436,8 @@ def scan(
         start[a:e] = seg_start
         # A column in alarm, or halfway there on its most sensitive CUSUM, keeps its level.
         frozen = seg_above[-1] | (s[0] > 0.5 * h_last[0])
-    sigma = sigma.max(axis=0)
+    # The noise in log units at the latest scale (evidence).
+    sigma = sigma.max(axis=0) * scale[-1]
     # Current: in alarm and not fallen more than half the threshold below its recent peak (a
     # recovered rank's CUSUM falls by k per row; a persistent one keeps climbing).
     alive = (s > h_last) & (s >= history.max(axis=1) - 0.5 * h_last)

@@ -211,3 +211,44 @@ def test_a_fast_rank_that_slows_but_stays_faster_than_the_median_is_no_straggler
     compute[300:, 12] *= 1.10
     assert detect_stragglers(steps, compute, HOSTS).stragglers == []
     assert not scan(_log_ratio(compute), tests=32, rows_per_day=8640.0).above.any()
+
+
+def regime_world(
+    levels: tuple[float, ...], cuts: tuple[int, ...], n: int, ranks: int, seed: int, ar: float = 0.6
+) -> np.ndarray:
+    """Compute times whose noise (the CoV across ranks) changes for good at each cut: a job
+    moved to a quieter or busier share of the cluster."""
+    rng = np.random.default_rng(seed)
+    noise = np.full(n, levels[0])
+    for lvl, cut in zip(levels[1:], cuts, strict=True):
+        noise[cut:] = lvl
+    eps = np.zeros((n, ranks))
+    shocks = rng.standard_normal((n, ranks)) * np.sqrt(1 - ar**2)
+    for t in range(1, n):
+        eps[t] = ar * eps[t - 1] + shocks[t]
+    return np.exp(noise[:, None] * eps) * (1.0 + 0.01 * rng.standard_normal(ranks))
+
+
+def _alarms(above: np.ndarray) -> int:
+    before = np.vstack([np.zeros((1, above.shape[1]), dtype=bool), above[:-1]])
+    return int(np.sum(above & ~before))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_lasting_change_of_the_jobs_noise_raises_no_alarms(seed: int) -> None:
+    # 256 ranks whose noise goes 13% -> 1.6% -> 6%: a noise read from a history of another
+    # regime, or a level taken as a plain median over a noisy spell, made 5-24 false alarms in
+    # these 1,500 rows (0.17 job-days). Each row is now read in units of its cross-rank spread,
+    # and the level weighs rows by their precision.
+    compute = regime_world((0.13, 0.016, 0.06), (100, 300), n=1500, ranks=256, seed=seed)
+    assert _alarms(scan(_log_ratio(compute), tests=256, rows_per_day=8640.0).above) <= 1
+
+
+def test_a_small_slowdown_in_a_quiet_spell_after_a_noisy_one_is_found_soon() -> None:
+    # A noisy history (8%) sets a high noise; once the job is quiet (1.5%), a 5% slowdown is
+    # many of its noise units and is found within a few tens of rows.
+    compute = regime_world((0.08, 0.015), (300,), n=1000, ranks=64, seed=3)
+    compute[700:, 40] *= 1.05
+    above = scan(_log_ratio(compute), tests=64, rows_per_day=8640.0).above
+    assert above[700:730, 40].any()
+    assert not np.delete(above, 40, axis=1).any() and not above[:700].any()
