@@ -271,10 +271,28 @@ def _rule_for(event: Event) -> Rule | None:
 def _passes_threshold(rule: Rule, event: Event) -> bool:
     if event.event == Flag.State.RESOLVED or event.rule_kind.passes is None:
         return True
+    if event.rule_kind.key == "slip" and not _deadline_rule_passes(event):
+        return False
     if rule.threshold is None:
         return True
     severity = event.flag.severity if event.flag is not None else None
     return event.rule_kind.passes(severity, event.data, rule.threshold)
+
+
+def _deadline_rule_passes(event: Event) -> bool:
+    """A slip of a run aimed at a cutoff carries the run's odds of making it: the lead's
+    question is the cutoff, so the slip alerts only when the deadline rule would alert on the
+    same odds (a finish 6 h later with the cutoff still 65% safe is not news at the default
+    0.5). Runs without a cutoff, and odds the forecast could not give, keep the slip's own
+    threshold."""
+    p = event.data.get("p_on_time")
+    if event.run.deadline_id is None or not isinstance(p, int | float):
+        return True
+    deadline = Rule.objects.filter(project=event.run.project, kind=BY_KEY["deadline"].key).first()
+    if deadline is None or deadline.threshold is None:
+        return True
+    passes = BY_KEY["deadline"].passes
+    return passes is None or passes(None, {"p_on_time": p}, deadline.threshold)
 
 
 def _channels_for(rule: Rule) -> list[Channel]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -266,11 +266,20 @@ def _sustained(
             back = covered and not any(kind in s for s in seen)
         if not back:  # still open: the same condition, so no new row
             out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
-    if run.deadline_id is not None and Flag.Kind.DEADLINE not in {c.kind for c in out}:
+    if run.deadline_id is not None:
         # For a run aimed at a cutoff the slip is the why of a deadline flag, not news of its
         # own: one computation's odds under 90% lets the slip be computed, but it is reported
-        # only while the deadline flag itself (sustained, with its hysteresis) is open.
-        out = [c for c in out if c.kind != Flag.Kind.SLIP]
+        # only while the deadline flag itself (sustained, with its hysteresis) is open, and it
+        # carries the odds so that its alert can follow the deadline rule's threshold.
+        if Flag.Kind.DEADLINE not in {c.kind for c in out}:
+            out = [c for c in out if c.kind != Flag.Kind.SLIP]
+        elif odds is not None:
+            out = [
+                replace(c, data={**c.data, "p_on_time": odds})
+                if c.kind == Flag.Kind.SLIP and "p_on_time" not in c.data
+                else c
+                for c in out
+            ]
     return out
 
 

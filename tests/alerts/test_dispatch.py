@@ -13,7 +13,7 @@ from alerts import services, tasks
 from alerts.models import Channel, Notification, Rule
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
-from tracker.models import Project, Run
+from tracker.models import Deadline, Project, Run
 from tracker.services import run_finish
 
 S = Notification.Status
@@ -164,6 +164,39 @@ def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
         onset_step=None,
         data={**data, "amount_s": 5 * 3600.0},
     )
+    services.flags_dispatch()
+    assert Notification.objects.count() == 2
+
+
+def test_a_slip_of_a_run_aimed_at_a_cutoff_follows_the_deadline_threshold(
+    run: Run, channels: Any
+) -> None:
+    # A healthy run's ETA jumped 6 h (one slow step) while its cutoff stayed 65% safe: the
+    # slip rule's 3 h passes, but the lead's question is the cutoff (deadline rule: below 50%).
+    run.deadline = Deadline.objects.create(
+        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
+    )
+    run.save(update_fields=["deadline"])
+    data = {"slipping": True, "amount_s": 6 * 3600.0, "from_finish": 0.0, "to_finish": 21600.0}
+    flag_raise(run, "slip", severity=21600.0, onset_step=None, data={**data, "p_on_time": 0.65})
+    services.flags_dispatch()
+    assert Notification.objects.count() == 0
+
+    flag_raise(
+        run,
+        "slip",
+        state=Flag.State.UPDATED,
+        severity=8 * 3600.0,
+        onset_step=None,
+        data={**data, "amount_s": 8 * 3600.0, "p_on_time": 0.3},
+    )
+    services.flags_dispatch()
+    assert Notification.objects.count() == 2  # email and Slack
+
+
+def test_a_slip_without_a_cutoff_keeps_its_own_threshold(run: Run, channels: Any) -> None:
+    data = {"slipping": True, "amount_s": 6 * 3600.0, "p_on_time": 0.65}
+    flag_raise(run, "slip", severity=21600.0, onset_step=None, data=data)
     services.flags_dispatch()
     assert Notification.objects.count() == 2
 
