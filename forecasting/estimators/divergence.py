@@ -333,7 +333,7 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     now_level = float(np.median(by[-k:]))
     best = int(np.argmin(smooth[:-1])) if len(smooth) > 1 else 0
     lost = now_level - float(smooth[best])
-    if lost < math.log(1 + th.DIV_REGRESSION_MIN_FRACTION):
+    if lost < max(math.log(1 + th.DIV_REGRESSION_MIN_FRACTION), _regression_noise(by, k)):
         return None
     earlier = np.flatnonzero(smooth[: best + 1] >= now_level)
     if len(earlier) == 0:
@@ -354,6 +354,28 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
             f"({100 * (math.exp(lost) - 1):.1f}% above its best, reached at step {bs[best]:,.0f})."
         ),
         regression_to_step=float(bs[back_to]),
+    )
+
+
+def _regression_noise(by: np.ndarray, k: int) -> float:
+    """How far above its best a healthy plateau's level stands by chance alone.
+
+    A loss on a noisy plateau (±5-10% batch to batch, as long small-model runs have) keeps
+    setting a new smoothed minimum by luck, so "best" is an extreme of many noisy levels: on a
+    4-hour run that does not regress (its validation loss falling to the end) the train loss's
+    level read 14.7% above its best. Each level is a median of k bins (noise 1.25 sigma/sqrt(k),
+    sigma the bins' robust bin-to-bin noise); the minimum of n_eff = n/k independent ones lies
+    about sqrt(2 ln n_eff) of that below the mean, and the difference of two levels has
+    sqrt(2) of it.
+    """
+    d = np.diff(by)
+    if d.size < 2:
+        return 0.0
+    sigma_bin = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0)
+    sigma_level = 1.2533 * sigma_bin / math.sqrt(k)
+    n_eff = max(1.0, (len(by) - 1) / k)
+    return sigma_level * (
+        math.sqrt(2.0 * math.log(n_eff)) + th.DIV_REGRESSION_NOISE_Z * math.sqrt(2)
     )
 
 

@@ -233,6 +233,10 @@ DIV_OSC_MIN_FLIPS = 0.3  # residual changes sign on >= 30% of steps: it swings, 
 DIV_REGRESSION_MIN_BINS = 10  # need some history to talk about an earlier level
 DIV_REGRESSION_LEVEL_BINS = 5  # level now / best level = medians over 5 bins (not one blip)
 DIV_REGRESSION_MIN_FRACTION = 0.05  # at least 5% above the best smoothed loss
+# ... and above what noise alone gives: the best is the minimum of many noisy smoothed levels,
+# biased low by about sqrt(2 ln n) of their noise; the level now must stand this many noise
+# units of the difference (now minus best, two estimates) beyond that bias.
+DIV_REGRESSION_NOISE_Z = 2.5
 # The progress given back must span at least 10% of the run so far: a loss that wanders back to
 # where it stood a few hundred steps ago is noise (spikes and rises have their own detectors);
 # a regression is "back at its level of ten days ago".

@@ -110,6 +110,33 @@ def test_growing_oscillation() -> None:
     assert "oscillation" in _kinds(detect_divergence(s, v))
 
 
+def test_a_noisy_plateau_is_no_regression_but_a_climb_out_of_it_is() -> None:
+    # A long small-model run: the loss plateaus with ~5% noise per point and never regresses
+    # (its validation loss falls to the end). Its best smoothed level is the luckiest of a few
+    # hundred, so the level now read ~15% above it.
+    rng = np.random.default_rng(4)
+    s = np.arange(1, 401, dtype=float) * 200
+    plateau = (0.95 + 0.8 * np.exp(-s / 6000)) * np.exp(rng.standard_t(3, 400) * 0.04)
+    assert "regression" not in _kinds(detect_divergence(s, plateau))
+    climbed = plateau.copy()
+    climbed[280:] *= np.exp(np.minimum(np.arange(120) / 40, 1.0) * 0.3)  # back to step ~5,000
+    assert "regression" in _kinds(detect_divergence(s, climbed))
+
+
+@pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
+def test_a_real_plateau_that_does_not_regress_is_not_flagged() -> None:
+    import pandas as pd
+
+    frame = pd.read_csv(
+        CURVES / "runs" / "parameter-golf__track_non_record_16mb-2026-03-29_"
+        "HNet_ByteVsSubword_Study-train_byte260_4h.csv"
+    )
+    train = frame[["step", "train_loss"]].dropna()
+    s, v = train.step.to_numpy(float), train.train_loss.to_numpy(float)
+    for end in range(len(s) // 2, len(s) + 1, 8):
+        assert "regression" not in _kinds(detect_divergence(s[:end], v[:end])), end
+
+
 def test_regression_reports_time_ago() -> None:
     s, v = _healthy(noise=0.005)
     v = v.copy()
