@@ -337,7 +337,13 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
         return None
     earlier = np.flatnonzero(smooth[: best + 1] >= now_level)
     if len(earlier) == 0:
-        return None  # never this high before the best point: a warm-up artefact, not regression
+        # Above every smoothed level before the best: back at its start, which the centred
+        # median blunts (a sparse log's first point is the initial loss), when the first bin
+        # itself stood this high: all the progress given back. Otherwise the loss never was
+        # this high: a warm-up artefact, not regression.
+        if not by[0] >= now_level:
+            return None
+        earlier = np.array([0])
     back_to = int(earlier[-1])
     if bs[best] - bs[back_to] < th.DIV_REGRESSION_MIN_LOST_SHARE * (bs[-1] - bs[0]):
         return None

@@ -123,6 +123,19 @@ def test_a_noisy_plateau_is_no_regression_but_a_climb_out_of_it_is() -> None:
     assert "regression" in _kinds(detect_divergence(s, climbed))
 
 
+def test_a_sparse_log_that_gives_back_all_its_progress_is_a_regression() -> None:
+    # One point per 1,000 steps: the initial loss, a quick fall to a noisy plateau, then a climb
+    # above every later level (only the first point stood higher): all progress given back.
+    rng = np.random.default_rng(7)
+    s = np.arange(0, 70_000, 1000, dtype=float)
+    v = 3.4 * np.exp(rng.normal(0, 0.03, s.size))
+    v[0] = 9.0
+    v[40:] *= np.exp(np.minimum(np.arange(30) / 10, 1.0) * 0.4)
+    reg = [f for f in detect_divergence(s, v) if f.kind == "regression"]
+    assert len(reg) == 1 and reg[0].regression_to_step == 0.0
+    assert "regression" not in _kinds(detect_divergence(s[:40], v[:40]))
+
+
 @pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
 def test_a_real_plateau_that_does_not_regress_is_not_flagged() -> None:
     import pandas as pd
