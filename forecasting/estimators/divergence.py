@@ -336,15 +336,12 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     if lost < max(math.log(1 + th.DIV_REGRESSION_MIN_FRACTION), _regression_noise(by, k)):
         return None
     earlier = np.flatnonzero(smooth[: best + 1] >= now_level)
-    if len(earlier) == 0:
-        # Above every smoothed level before the best: back at its start, which the centred
-        # median blunts (a sparse log's first point is the initial loss), when the first bin
-        # itself stood this high: all the progress given back. Otherwise the loss never was
-        # this high: a warm-up artefact, not regression.
-        if not by[0] >= now_level:
-            return None
-        earlier = np.array([0])
-    back_to = int(earlier[-1])
+    # Above every smoothed level before the best: all the progress given back and more (a
+    # sparse log that starts after the initial loss, an injected climb of +50%). It still needs
+    # the best to lie well into the run (below), so a loss rising in its first stretch (warm-up)
+    # is not this.
+    beyond = len(earlier) == 0
+    back_to = 0 if beyond else int(earlier[-1])
     if bs[best] - bs[back_to] < th.DIV_REGRESSION_MIN_LOST_SHARE * (bs[-1] - bs[0]):
         return None
     tail = np.flatnonzero(smooth[best:] <= smooth[best] + th.DIV_REGRESSION_ONSET_SHARE * lost)
@@ -356,8 +353,13 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
         detected_step=float(s[-1]),
         severity=float(math.exp(lost)),
         explanation=(
-            f"Loss is back at its level of step {bs[back_to]:,.0f} "
-            f"({100 * (math.exp(lost) - 1):.1f}% above its best, reached at step {bs[best]:,.0f})."
+            (
+                f"Loss is above every level since step {bs[back_to]:,.0f} "
+                if beyond
+                else f"Loss is back at its level of step {bs[back_to]:,.0f} "
+            )
+            + f"({100 * (math.exp(lost) - 1):.1f}% above its best, "
+            f"reached at step {bs[best]:,.0f})."
         ),
         regression_to_step=float(bs[back_to]),
     )

@@ -136,6 +136,21 @@ def test_a_sparse_log_that_gives_back_all_its_progress_is_a_regression() -> None
     assert "regression" not in _kinds(detect_divergence(s[:40], v[:40]))
 
 
+def test_a_climb_above_every_logged_level_is_a_regression_unless_it_is_the_warm_up() -> None:
+    # The log starts after the initial loss (its first point is already on the plateau), then
+    # the loss climbs above anything it ever logged.
+    rng = np.random.default_rng(8)
+    s = np.arange(1000, 101_000, 1000, dtype=float)
+    v = (3.0 + 0.6 * np.exp(-s / 15_000)) * np.exp(rng.normal(0, 0.03, s.size))
+    v[40:] *= np.exp(np.minimum(np.arange(60) / 10, 1.0) * 0.4)
+    reg = [f for f in detect_divergence(s, v) if f.kind == "regression"]
+    assert len(reg) == 1 and "above every level since step 1,000" in reg[0].explanation
+    # A loss that rises in the run's first stretch (its best only 3% in): warm-up, not this.
+    warm = 3.4 * np.exp(rng.normal(0, 0.01, s.size))
+    warm[3:] *= 1.3
+    assert "regression" not in _kinds(detect_divergence(s, warm))
+
+
 @pytest.mark.skipif(not (CURVES / "runs").is_dir(), reason="curve set not present")
 def test_a_real_plateau_that_does_not_regress_is_not_flagged() -> None:
     import pandas as pd
