@@ -150,20 +150,19 @@ def test_it_sends_only_to_the_rules_channels(run: Run, channels: Any) -> None:
     assert list(Notification.objects.values_list("channel", flat=True)) == [slack.pk]
 
 
+def _slip(run: Run, hours: float, state: str = Flag.State.RAISED, **data: Any) -> None:
+    """A slip flag of `hours` (raised, or updated when it grew) with extra flag data."""
+    amount = hours * 3600.0
+    slipped = {"slipping": True, "amount_s": amount, "from_finish": 0.0, "to_finish": amount}
+    flag_raise(run, "slip", state=state, severity=amount, onset_step=None, data={**slipped, **data})
+
+
 def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
-    data = {"slipping": True, "amount_s": 2 * 3600.0, "from_finish": 0.0, "to_finish": 7200.0}
-    flag_raise(run, "slip", severity=7200.0, onset_step=None, data=data)
+    _slip(run, 2)
     services.flags_dispatch()
     assert Notification.objects.count() == 0
 
-    flag_raise(
-        run,
-        "slip",
-        state=Flag.State.UPDATED,
-        severity=5 * 3600.0,
-        onset_step=None,
-        data={**data, "amount_s": 5 * 3600.0},
-    )
+    _slip(run, 5, state=Flag.State.UPDATED)
     services.flags_dispatch()
     assert Notification.objects.count() == 2
 
@@ -177,26 +176,17 @@ def test_a_slip_of_a_run_aimed_at_a_cutoff_follows_the_deadline_threshold(
         project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
     )
     run.save(update_fields=["deadline"])
-    data = {"slipping": True, "amount_s": 6 * 3600.0, "from_finish": 0.0, "to_finish": 21600.0}
-    flag_raise(run, "slip", severity=21600.0, onset_step=None, data={**data, "p_on_time": 0.65})
+    _slip(run, 6, p_on_time=0.65)
     services.flags_dispatch()
     assert Notification.objects.count() == 0
 
-    flag_raise(
-        run,
-        "slip",
-        state=Flag.State.UPDATED,
-        severity=8 * 3600.0,
-        onset_step=None,
-        data={**data, "amount_s": 8 * 3600.0, "p_on_time": 0.3},
-    )
+    _slip(run, 8, state=Flag.State.UPDATED, p_on_time=0.3)
     services.flags_dispatch()
     assert Notification.objects.count() == 2  # email and Slack
 
 
 def test_a_slip_without_a_cutoff_keeps_its_own_threshold(run: Run, channels: Any) -> None:
-    data = {"slipping": True, "amount_s": 6 * 3600.0, "p_on_time": 0.65}
-    flag_raise(run, "slip", severity=21600.0, onset_step=None, data=data)
+    _slip(run, 6, p_on_time=0.65)
     services.flags_dispatch()
     assert Notification.objects.count() == 2
 
