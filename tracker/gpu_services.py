@@ -29,22 +29,6 @@ def pack(series: Series) -> bytes:
     return zlib.compress(b"".join(parts), 1)
 
 
-def unpack(blob: bytes | memoryview, prefix: str = "") -> Series:
-    """The batch's series; with a prefix only the keys under it (the rest are skipped over)."""
-    raw = zlib.decompress(bytes(blob))
-    (length,) = struct.unpack_from("<I", raw)
-    header = json.loads(raw[4 : 4 + length])
-    offset = 4 + length
-    out: Series = {}
-    for key, n in header:
-        if key.startswith(prefix):
-            t = np.frombuffer(raw, "<f8", n, offset)
-            v = np.frombuffer(raw, "<f8", n, offset + 8 * n)
-            out[key] = (t, v)
-        offset += 16 * n
-    return out
-
-
 def util_summary(series: Series) -> dict[str, dict[str, Any]]:
     """Per GPU [mean, max] utilisation and per pid SM-percent-seconds over the batch, for
     coarse views and costs (a host-day reads these 8,640 small rows, not every point)."""
