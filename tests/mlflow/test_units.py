@@ -130,3 +130,72 @@ def test_members_edit_the_plan_on_the_run_page(
     assert client.post(url, {"total_steps": "500", "deadline": "icml"}).status_code == 302
     run.refresh_from_db()
     assert (run.total_steps, run.deadline.slug) == (500, "icml")
+
+
+@pytest.mark.django_db
+def test_a_search_reads_latest_metrics_in_a_bounded_number_of_queries(
+    client: Client, write_token: str
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {write_token}"}
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = client.post(
+            f"/api/2.0/mlflow/{path}",
+            data=json.dumps(body),
+            content_type="application/json",
+            **auth,
+        )
+        assert answer.status_code == 200, answer.content
+        return json.loads(answer.content)
+
+    def log_runs(count: int) -> None:
+        for i in range(count):
+            run_id = post("runs/create", {"experiment_id": "0", "run_name": f"r{i}"})["run"][
+                "info"
+            ]["run_id"]
+            # Two batches per key, the second rewriting step 2: the latest point is the highest
+            # step's latest write, whichever chunk holds it.
+            for value in (float(i), float(i) + 0.5):
+                post(
+                    "runs/log-batch",
+                    {
+                        "run_id": run_id,
+                        "metrics": [
+                            {
+                                "key": k,
+                                "value": value,
+                                "timestamp": 1000 + int(value * 10),
+                                "step": s,
+                            }
+                            for k in ("loss", "acc", "lr")
+                            for s in (1, 2)
+                        ],
+                    },
+                )
+
+    def search() -> tuple[int, list[dict[str, Any]]]:
+        with CaptureQueriesContext(connection) as queries:
+            runs = post(
+                "runs/search",
+                {
+                    "experiment_ids": ["0"],
+                    "filter": "metrics.loss >= 1",
+                    "order_by": ["metrics.acc"],
+                },
+            )["runs"]
+        return len(queries), runs
+
+    log_runs(3)
+    few, runs = search()
+    assert [{m["key"]: m["value"] for m in r["data"]["metrics"]}["loss"] for r in runs] == [
+        1.5,
+        2.5,
+    ]
+    log_runs(9)
+    many, runs = search()
+    assert len(runs) == 10
+    # One query per run and key before; now the count does not grow with the runs found.
+    assert many == few
