@@ -111,11 +111,15 @@ class ServerClock(models.Model):
     """When the server was listening, from the liveness sweeper's own ticks (one row).
 
     A gap between two ticks much longer than their period means the server (or its worker) was
-    stopped: a run's silence during that gap is the server's, not the run's.
+    stopped: a run's silence during that gap is the server's, not the run's. A tick is taken
+    only while the web tier answers (forecasting.services.server_listening).
     """
 
     last_tick_at = models.DateTimeField(null=True)
     listening_since = models.DateTimeField(null=True)
+    # The web tier's last answer to the sweeper's probe (RUNCAST_WEB_PROBE_URL): the worker can
+    # tick on while the web that clients reach is down. Null: no probe, or it never answered.
+    web_answered_at = models.DateTimeField(null=True)
 
     def __str__(self) -> str:
         return f"listening since {self.listening_since}"

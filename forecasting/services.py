@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -540,6 +543,65 @@ def server_tick(*, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S
 
 def _listening_since() -> datetime | None:
     return ServerClock.objects.filter(pk=1).values_list("listening_since", flat=True).first()
+
+
+# How long a web tier that stopped answering the probe holds the liveness checks back. A probe
+# silent for longer is more likely broken (a stale RUNCAST_WEB_PROBE_URL after a move) than an
+# outage, and a real crash must not stay hidden behind it for good.
+WEB_OUTAGE_MAX_S = 3600.0
+WEB_PROBE_TIMEOUT_S = 5.0
+
+
+def web_answers(*, url: str, timeout_s: float = WEB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the web tier at `url` (its /healthz, from settings, not user input) answers 200.
+
+    The request names the public site's host: the worker reaches the web by an internal name
+    (`web:8000`) that ALLOWED_HOSTS need not list, and SITE_URL's host it must.
+    """
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        return False  # a file: or other scheme is no web tier
+    host = urllib.parse.urlsplit(settings.SITE_URL).netloc
+    request = urllib.request.Request(url, headers={"Host": host} if host else {})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
+            return bool(answer.status == 200)
+    except (OSError, ValueError):  # refused, timed out, HTTP error, a malformed URL
+        return False
+
+
+def server_listening(
+    *, probe_url: str, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S
+) -> bool:
+    """The liveness sweep's first step: may the runs' silence be judged now?
+
+    The worker and its beat can run on while the web tier that clients reach is down (a
+    redeploy, a crash, its proxy): the clients spool, and their silence is the server's. With a
+    probe URL, a tick is taken only when the web answers, so the first tick after it is back
+    finds the gap and starts a new listening period with its grace (server_tick). A probe that
+    has never answered is read as a misconfiguration and ignored, as is one silent for more than
+    WEB_OUTAGE_MAX_S; both are logged.
+    """
+    now = now or timezone.now()
+    if probe_url:
+        if web_answers(url=probe_url):
+            ServerClock.objects.get_or_create(pk=1)
+            ServerClock.objects.filter(pk=1).update(web_answered_at=now)
+        else:
+            last = ServerClock.objects.filter(pk=1).values_list("web_answered_at", flat=True)
+            answered = last.first()
+            if answered is not None and (now - answered).total_seconds() <= WEB_OUTAGE_MAX_S:
+                logger.warning(
+                    "web tier %s does not answer: runs' silence is not judged", probe_url
+                )
+                return False
+            logger.warning(
+                "web tier %s does not answer (last answer: %s): runs' silence is judged anyway; "
+                "check RUNCAST_WEB_PROBE_URL",
+                probe_url,
+                "never" if answered is None else answered.isoformat(),
+            )
+    server_tick(now=now, period_s=period_s)
+    return True
 
 
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:

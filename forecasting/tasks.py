@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_init
+from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
@@ -54,7 +55,8 @@ def sweep_active_runs() -> None:
     """Beat: liveness for every active run, and a forecast for each (the queue is only a hint)."""
     from forecasting import services
 
-    services.server_tick()
+    if not services.server_listening(probe_url=settings.RUNCAST_WEB_PROBE_URL):
+        return  # the web tier is down: clients spool, and nobody's silence is their own
     for run_id in selectors.active_run_ids():
         services.run_check_liveness(run_id=run_id)
         forecast_enqueue(run_id=run_id)

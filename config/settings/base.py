@@ -232,6 +232,12 @@ LOGGING = {
     },
 }
 
+# The liveness sweep (the worker) probes this URL, the web tier's /healthz, each minute: while it
+# does not answer, clients cannot reach the server and spool, so no run's silence is judged
+# (docs/deployment.md#outages). Empty: no probe (a worker-and-web outage is still seen by the
+# sweep's own ticks). docker-compose and scripts/dev set it.
+RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
+
 # The forecast debounce marker lives here; production points it at Redis so every web worker
 # shares it (an in-process cache would allow one forecast per worker per interval).
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}

@@ -3,7 +3,9 @@ absence to resolve, and silence while the server itself was down is not a run's.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -183,6 +185,110 @@ def test_a_server_outage_does_not_crash_a_run_it_could_not_hear(project):
     for minutes in (1, 2, 3):
         services.server_tick(now=back + timedelta(minutes=minutes))
     services.run_check_liveness(run_id=run.pk, now=back + timedelta(minutes=3))
+    assert Run.objects.get(pk=run.pk).status == "crashed"
+
+
+class _Web:
+    """The web tier's /healthz on a real socket: up answers 200, down refuses connections."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.server: ThreadingHTTPServer | None = None
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
+
+    def up(self) -> None:
+        class Healthz(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Healthz)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def down(self) -> None:
+        assert self.server is not None
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sweep(settings, monkeypatch):
+    """The worker's beat sweep at a chosen time, its probe pointed at `web` (a _Web or a URL)."""
+    from django.utils import timezone
+
+    from forecasting import tasks
+
+    monkeypatch.setattr(tasks, "forecast_enqueue", lambda **kw: False)  # not under test here
+    web = _Web()
+
+    def at_time(now, *, url: str | None = None) -> None:
+        settings.RUNCAST_WEB_PROBE_URL = web.url if url is None else url
+        monkeypatch.setattr(timezone, "now", lambda: now)
+        tasks.sweep_active_runs()
+
+    at_time.web = web  # type: ignore[attr-defined]
+    yield at_time
+    if web.server is not None:
+        web.server.server_close()
+
+
+def _silent_run(project) -> tuple[Run, object]:
+    run = make_run(project)
+    for i in range(20):
+        steps = np.arange(i * 10, (i + 1) * 10)
+        send(run, steps, healthy_loss(steps), seq=i + 1)
+    return run, Run.objects.get(pk=run.pk).last_seen_at
+
+
+def test_a_web_outage_the_worker_ticks_through_crashes_no_run(project, sweep):
+    run, last = _silent_run(project)
+    sweep(last)
+    # The web tier goes down for ten minutes (a redeploy): clients cannot reach the server and
+    # spool, while the worker's beat sweeps on every minute. Before, each sweep was a tick, the
+    # server seemed to be listening, and the run was "crashed" after 75 s.
+    sweep.web.down()
+    for minute in range(1, 11):
+        sweep(last + timedelta(minutes=minute))
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert not Flag.objects.filter(run=run, kind="stalled").exists()
+    # Back: the first sweep finds the gap in its ticks, and the client's replay has its grace.
+    sweep.web.up()
+    back = last + timedelta(minutes=11)
+    sweep(back)
+    assert Run.objects.get(pk=run.pk).status == "running"
+    # Still silent well after the web came back: that silence is the run's.
+    for minutes in (1, 2, 3):
+        sweep(back + timedelta(minutes=minutes))
+    assert Run.objects.get(pk=run.pk).status == "crashed"
+
+
+def test_a_probe_that_never_answered_does_not_hide_a_crash(project, sweep):
+    run, last = _silent_run(project)
+    sweep.web.down()
+    # A wrong RUNCAST_WEB_PROBE_URL: never answered, so it is taken for a misconfiguration.
+    for minutes in range(0, 4):
+        sweep(last + timedelta(minutes=minutes))
+    assert Run.objects.get(pk=run.pk).status == "crashed"
+
+
+def test_a_web_silent_for_over_an_hour_no_longer_holds_the_checks_back(project, sweep):
+    run, last = _silent_run(project)
+    sweep(last)
+    sweep.web.down()
+    out = last + timedelta(seconds=services.WEB_OUTAGE_MAX_S)
+    for minutes in range(0, 4):
+        sweep(out + timedelta(minutes=minutes))
+    assert Run.objects.get(pk=run.pk).status == "running"  # within the hour: an outage
+    for minutes in range(5, 9):
+        sweep(out + timedelta(minutes=minutes))
     assert Run.objects.get(pk=run.pk).status == "crashed"
 
 

@@ -339,7 +339,9 @@ def run_search(call: Call) -> Data:
     )
     # Latest metrics of every candidate only when a filter or the order reads them; otherwise
     # of the returned page alone (below). Either way one query per 500 runs.
-    reads_metrics = any(k.entity == "metrics" for k in [*clauses, *order])
+    reads_metrics = any(c.entity == "metrics" for c in clauses) or any(
+        k.entity == "metrics" for k in order
+    )
     latest = (
         selectors.latest_metrics_many(run_ids=[lk.run_id for lk in wanted]) if reads_metrics else {}
     )
