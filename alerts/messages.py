@@ -16,6 +16,7 @@ from django.template.loader import render_to_string
 from alerts.kinds import BY_KEY
 from alerts.models import Notification
 from forecasting.estimators import formatting as fmt
+from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
 from tracker.links import run_url
 from tracker.models import Run
@@ -88,6 +89,8 @@ def _deadline_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str,
     ctx: dict[str, Any] = {
         "deadline": data.get("deadline") if isinstance(data.get("deadline"), str) else None,
         "p_pct": None if p is None else f"{100 * p:.0f}%",
+        # "at risk" between likely-late and the target, as the pages' tone says (one rule).
+        "at_risk": p is not None and on_time_tone(p) == "warn",
         "speedup_pct": f"{100 * speedup:.0f}%" if speedup else None,
         "steps_cut": fmt.steps(cut) if cut else None,
         "p50_from": None,

@@ -380,7 +380,14 @@ def _deadline_condition(
     raise_below = th.DEADLINE_LIKELY_LATE_P if eta.early else th.FLAG_DEADLINE_AT_RISK_P
     if risk.p_on_time >= raise_below:
         return [], risk.p_on_time
-    text = f"{run} will likely miss {run.deadline.name}: {risk.explanation}"
+    # The words follow the one tone rule (deadline.on_time_tone): "will likely miss" beside
+    # "76% likely on time" contradicted itself on the demo's run page.
+    verdict = (
+        "will likely miss"
+        if risk.p_on_time < th.DEADLINE_LIKELY_LATE_P
+        else "is at risk of missing"
+    )
+    text = f"{run} {verdict} {run.deadline.name}: {risk.explanation}"
     return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)], risk.p_on_time
 
 

@@ -124,6 +124,22 @@ def test_it_says_a_deadline_risk_in_the_leads_language(
     )
 
 
+@pytest.mark.parametrize(
+    ("p_on_time", "words"), [(0.12, "will likely miss"), (0.76, "is at risk of missing")]
+)
+def test_a_deadline_headline_says_what_its_odds_say(run: Run, p_on_time: float, words: str) -> None:
+    """ "will likely miss" beside "76% chance to make it" contradicted itself."""
+    from alerts.messages import context_for, render
+
+    flag = flag_raise(run, "deadline", data={"p_on_time": p_on_time, "deadline": "blind eval"})
+    ctx = context_for(
+        run=run, kind="deadline", event="raised", severity="warning", flag=flag, at=flag.created_at
+    )
+    headline = render(ctx, {}).headline
+    assert f"{run} {words} blind eval" in headline
+    assert f"{p_on_time:.0%} chance to make it" in headline
+
+
 def test_it_posts_a_block_kit_message_to_slack(run: Run, sink: HttpSink) -> None:
     services.channel_create(
         project=run.project, kind=Channel.Kind.SLACK, name="s", target=sink.url("/slack")

@@ -284,6 +284,10 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
     assert 0.5 < odds < 0.9 and unsure == []
     settled, odds = conditions(eta(5000.0, early=False))
     assert 0.5 < odds < 0.9 and [c.kind for c in settled] == ["deadline"]
+    # Its words follow the odds: "will likely miss" beside "73% likely on time" was a
+    # contradiction on the run page.
+    assert "is at risk of missing blind eval" in settled[0].explanation
     # Likely late even for an early forecast: raised.
     late, odds = conditions(eta(9000.0, early=True))
     assert odds < 0.5 and [c.kind for c in late] == ["deadline"]
+    assert "will likely miss blind eval" in late[0].explanation
