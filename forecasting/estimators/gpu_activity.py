@@ -277,13 +277,20 @@ def regime_levels(
             # a throttle may be most of it: of its levels, the one nearest the phase's usual
             # level across all its regimes (a real change of level is the regime's only one).
             same = values[labels == key.split("#")[0]]
-            reference = (
-                half_sample_mode(same)
-                if np.unique(keys[labels == labels[idx[0]]]).size > 1
-                else float("nan")
-            )
-            band = max(settings.z * pooled, settings.rel * abs(reference))
-            lv = np.full(idx.size, nearest_level(own_learn, band, reference, settings.level_share))
+            split = np.unique(keys[labels == labels[idx[0]]]).size > 1
+            phase_mode = half_sample_mode(same)
+            reference = phase_mode if split else float("nan")
+            band = max(settings.z * pooled, settings.rel * abs(phase_mode))
+            if split or labels[idx[0]] != "train":
+                usual = nearest_level(own_learn, band, reference, settings.level_share)
+            else:
+                # Training starts clean: foreign work and throttles come and go during a run,
+                # and a lone series (no peers to hold it against) that holds two levels, each
+                # for a fair share, is at its usual one where it first settled. The mode took
+                # a throttle over 60% of a 4-min run as the level and the untouched training
+                # before it as foreign work.
+                usual = earliest_level(own_learn, band, settings.level_share)
+            lv = np.full(idx.size, usual)
         else:
             lv = _rolling(own_learn, window, q)
         level[idx] = lv
@@ -592,26 +599,47 @@ def _usual_ratio(ratio: np.ndarray, settings: Settings) -> float:
     return float(np.exp(nearest_level(x, band, 0.0, settings.level_share)))
 
 
+def _levels(x: np.ndarray, band: float, share: float) -> list[float]:
+    """The levels x holds for at least `share` of its samples: the mode, and the mode of what
+    lies `band` or more from it where that holds its share (two at most)."""
+    first = half_sample_mode(x)
+    rest = x[np.abs(x - first) >= band]
+    if rest.size < share * x.size:
+        return [first]
+    second = half_sample_mode(rest)
+    held = int((np.abs(x - second) < band).sum())
+    return [first, second] if held >= share * x.size else [first]
+
+
 def nearest_level(x: np.ndarray, band: float, reference: float, share: float) -> float:
-    """Of the levels x holds for at least `share` of its samples (two at most: the mode, and
-    the mode of what lies `band` or more from it), the one nearest `reference`.
+    """Of the levels x holds for a fair share (_levels), the one nearest `reference`.
 
     One level only, or no reference (NaN): the mode.
     """
     x = x[np.isfinite(x)]
     if x.size == 0:
         return float("nan")
-    first = half_sample_mode(x)
+    levels = _levels(x, band, share)
     if not np.isfinite(reference):
-        return first
-    rest = x[np.abs(x - first) >= band]
-    if rest.size < share * x.size:
-        return first
-    second = half_sample_mode(rest)
-    held = int((np.abs(x - second) < band).sum())
-    if held >= share * x.size and abs(second - reference) < abs(first - reference):
-        return second
-    return first
+        return levels[0]
+    # On a tie, the mode.
+    return min(levels, key=lambda level: abs(level - reference))
+
+
+def earliest_level(x: np.ndarray, band: float, share: float) -> float:
+    """Of the levels x (in time order) holds for a fair share (_levels), the one it settles at
+    first: two consecutive readings within `band` of it (a ramp passes through a level on its
+    way, it does not stay)."""
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan")
+
+    def settles(level: float) -> int:
+        near = np.abs(x - level) < band
+        hit = np.flatnonzero(near[:-1] & near[1:])
+        return int(hit[0]) if hit.size else x.size
+
+    return min(_levels(x, band, share), key=settles)
 
 
 # -- episodes -------------------------------------------------------------------------------

@@ -317,3 +317,16 @@ def test_a_weak_burst_over_a_short_eval_is_found_against_peers() -> None:
     v[(t >= 320) & (t < 330)] *= 1.11
     found = unexplained(ga.find_episodes(t, v, events, peers=peers))
     assert [e.kind for e in found] == ["burst"] and 318 <= found[0].start <= 324
+
+
+def test_a_throttle_over_most_of_a_lone_run_is_found_against_where_it_settled() -> None:
+    # One node, no peers: a throttle over the last two thirds of training is the regime's
+    # mode; the run settled at its usual level first, and the throttle is the departure.
+    rng = np.random.default_rng(3)
+    t = np.arange(300, dtype=float)
+    v = 70 + rng.normal(0, 0.7, t.size)
+    v[100:] *= 0.75
+    events = ga.RunEvents(phases=[ga.Phase(0, 300, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["drop"]
+    assert abs(found[0].start - 100) <= 2
