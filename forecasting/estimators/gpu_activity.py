@@ -455,7 +455,11 @@ def _warmups(
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
-    near = np.abs(values - level) <= slack
+    # A warm-up ramps up to the level (compilation, autotuning, the data pipeline filling);
+    # a reading above the level's band is past the ramp, and what lifts it is not the run's
+    # warm-up (foreign work across the start of training kept the readings off the band, and
+    # the warm-up ran to its cap over it).
+    near = values >= level - slack
     out = []
     for start in starts:
         ramp = _ramp_s(times, near, start, settings.warmup_s)

@@ -330,3 +330,16 @@ def test_a_throttle_over_most_of_a_lone_run_is_found_against_where_it_settled() 
     found = unexplained(ga.find_episodes(t, v, events))
     assert [e.kind for e in found] == ["drop"]
     assert abs(found[0].start - 100) <= 2
+
+
+def test_foreign_work_over_the_start_of_training_is_not_the_warm_up() -> None:
+    # A lone node read every 2 s: a +20% burst from the first reading of training for 16 s.
+    # The run's ramp rises to its level; readings above it are past the ramp, so the warm-up
+    # does not stretch over them.
+    rng = np.random.default_rng(6)
+    t = np.arange(-40, 400, 2.0)
+    v = np.where(t < 0, 2600.0, 7000.0) + rng.normal(0, 20, t.size)
+    v[(t >= 0) & (t < 16)] *= 1.2
+    events = ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["burst"] and abs(found[0].start) <= 2
