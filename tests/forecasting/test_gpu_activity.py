@@ -343,3 +343,18 @@ def test_foreign_work_over_the_start_of_training_is_not_the_warm_up() -> None:
     events = ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
     found = unexplained(ga.find_episodes(t, v, events))
     assert [e.kind for e in found] == ["burst"] and abs(found[0].start) <= 2
+
+
+def test_a_lone_runs_level_is_found_behind_a_throttle_and_its_own_dips() -> None:
+    # A lone node read every 2 s, a 4-s dip every 18 s (short evals, not logged), throttled
+    # from 60 s on: the throttle is the mode and its own dips the mode of what is left, so the
+    # untouched training is only the third level the regime holds.
+    rng = np.random.default_rng(7)
+    t = np.arange(0, 400, 2.0)
+    v = np.where(t % 18 < 4, 5000.0, 7000.0) + rng.normal(0, 15, t.size)
+    v[t >= 60] *= 0.8
+    events = ga.RunEvents(phases=[ga.Phase(0, 400, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert found and all(e.kind == "drop" for e in found)
+    # It may take in the run's own dip just before it (54-58 s).
+    assert 52 <= found[0].start <= 60 and found[0].end >= 398
