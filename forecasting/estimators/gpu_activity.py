@@ -565,13 +565,16 @@ def _peer_departure(
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         own_learn = learn[idx] if np.isfinite(learn[idx]).any() else ratio[idx]
+        inner = _interior(idx)
         if mask is None:
-            r = np.full(idx.size, _usual_ratio(own_learn, settings))
+            spread = noise(
+                np.log(np.where(ratio[inner] > 0, ratio[inner], np.nan)), times[inner], dt
+            )
+            r = np.full(idx.size, _usual_ratio(own_learn, spread, settings))
         else:
             r = _rolling(own_learn, window, 0.5)
         exp = filled[idx] * r
         # The noise of this series against its peers (what the peers do not share).
-        inner = _interior(idx)
         mad = noise(
             values[inner] - filled[inner] * float(np.nanmedian(learn[idx])), times[inner], dt
         )
@@ -587,19 +590,22 @@ def _peer_departure(
     return dev, slack
 
 
-def _usual_ratio(ratio: np.ndarray, settings: Settings) -> float:
+def _usual_ratio(ratio: np.ndarray, spread: float, settings: Settings) -> float:
     """This series' usual ratio to its peers: of the levels it holds for a fair share of the
     regime, the one closest to the peers'.
 
     The nodes (or GPUs) of one job do the same work, so a series' usual ratio to the others is
     near 1 (within 2.5% on every multi-node run of the dev set). A throttle or foreign work
     covering most of a short run is the regime's mode, and the untouched rest would look like
-    the episode; the level nearest the peers' is the usual one.
+    the episode; the level nearest the peers' is the usual one. `spread`: the log ratio's
+    noise over neighbouring interior readings (regime_levels' noise); the noise of all its
+    differences counted the step from one eval's ratio to the next one's, and from a
+    throttled eval to the untouched last one (a band of 32% on Llama-2's evals: one level).
     """
     x = np.log(ratio[np.isfinite(ratio) & (ratio > 0)])
     if x.size == 0:
         return float("nan")
-    band = max(settings.z * noise(x), settings.rel)
+    band = max(settings.z * (spread if np.isfinite(spread) else noise(x)), settings.rel)
     return float(np.exp(nearest_level(x, band, 0.0, settings.level_share)))
 
 

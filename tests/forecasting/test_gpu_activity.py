@@ -358,3 +358,27 @@ def test_a_lone_runs_level_is_found_behind_a_throttle_and_its_own_dips() -> None
     assert found and all(e.kind == "drop" for e in found)
     # It may take in the run's own dip just before it (54-58 s).
     assert 52 <= found[0].start <= 60 and found[0].end >= 398
+
+
+def test_a_throttle_over_most_evals_is_held_against_the_peers_in_them_too() -> None:
+    # Power read every 2 s; 8-s evals, which the peers enter a reading earlier or later (their
+    # clocks and ramps differ), so the ratio to the peers swings at every eval's edges. A
+    # throttle over four of the five evals: the evals' usual ratio is the untouched one, and
+    # the throttle is one drop, not five split at the evals.
+    rng = np.random.default_rng(8)
+    t = np.arange(0, 320, 2.0)
+    starts = [60, 120, 180, 240, 300]
+
+    def node(shifts: list[int]) -> np.ndarray:
+        v = np.full(t.size, 6300.0)
+        for s, shift in zip(starts, shifts, strict=True):
+            v[(t >= s + shift) & (t < s + 8 + shift)] = 5300.0
+            v[(t >= s + shift) & (t < s + 2 + shift)] = 5800.0  # falling into it
+        return v
+
+    v = node([0] * 5) + rng.normal(0, 20, t.size)
+    peers = node([-2, 2, -2, 2, -2]) + rng.normal(0, 10, t.size)
+    v[(t >= 24) & (t < 296)] *= 0.82
+    phases = [ga.Phase(0, 320, "train")] + [ga.Phase(s, s + 8, "eval") for s in starts]
+    found = unexplained(ga.find_episodes(t, v, ga.RunEvents(phases=phases), peers=peers))
+    assert [(e.kind, e.start, e.end) for e in found] == [("drop", 24.0, 296.0)]
