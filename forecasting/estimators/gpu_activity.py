@@ -8,12 +8,14 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    the run logs: an architecture change (neurons grown or pruned), a resume, a step-time change.
    Those split the phase into regimes, each learning its own level. A phase shorter than two
    sampling periods cannot show and keeps the phase before it.
-2. **Normal activity per regime.** First pass: the regime's mode or, where a second level holds
+2. **Normal activity per regime.** First pass: the regime's mode or, where other levels hold
    a fair share of it, the level nearest a reference (the peers' ratio 1; the phase's level over
-   all its regimes). Later passes: a centred rolling median of the samples no earlier pass found
-   departing. Spread: the noise of neighbouring samples (MAD of first differences). Idle uses a
-   low quantile: the GPU's idle is its floor, and foreign work only ever adds to it. Noise
-   comes from a regime's interior readings (its edges are mid-transition).
+   all its regimes); a lone series' training, with no reference, takes the level it settles at
+   first (training starts clean; foreign work comes and goes). Later passes: a centred
+   rolling median of the samples no earlier pass found departing. Spread: the noise of
+   neighbouring samples (MAD of first differences). Idle uses a low quantile: the GPU's idle is
+   its floor, and foreign work only ever adds to it. Noise comes from a regime's interior
+   readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
    sampling jitter), so the expected value at t is the band spanned by the levels of every regime
    present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
@@ -25,7 +27,7 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    (a sequential test: a strong burst needs fewer readings, never fewer than two). An episode
    is *explained* when what remains of it outside the windows of the run's point events
    (checkpoint, resume, architecture change, step-time change, custom; +-tolerance) and the
-   warm-up (until the run's readings settle at their level) has less evidence than that;
+   warm-up (until the run's readings ramp up to their level) has less evidence than that;
    otherwise it is *unexplained*, and `detected_at` is when the evidence was reached (online
    delay). An idle rise to the run's init level that lasts until idle ends is a job's setup
    (explained).
