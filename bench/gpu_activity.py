@@ -1,7 +1,7 @@
 """Unexplained GPU activity on real MLPerf node power (../shared/data/power): does the run's own
 activity come out explained and injected foreign work unexplained?
 
-    python -m bench.gpu_activity [DIR] [--json] [--seed N] [--limit N] [--trials N]
+    python -m bench.gpu_activity [DIR] [--json] [--seed N] [--limit N] [--trials N] [--misses]
 
 For every run: the distinct node series (identical twin files are one sensor, see the data
 README), phases and step timings from the job's own event log, and the run's other distinct
@@ -166,9 +166,13 @@ def choose_injection(
     return Injection(index, start, end, kind, context, factor)
 
 
+def during(series: Series, injection: Injection) -> np.ndarray:
+    return (series.t >= injection.start) & (series.t < injection.end)
+
+
 def apply(series: Series, injection: Injection) -> np.ndarray:
     w = series.w.copy()
-    inside = (series.t >= injection.start) & (series.t < injection.end)
+    inside = during(series, injection)
     if injection.kind == "burst":
         # Keep the node physical: below ~10 kW.
         w[inside] = np.minimum(w[inside] * injection.factor, 10_000.0)
@@ -183,9 +187,28 @@ def apply(series: Series, injection: Injection) -> np.ndarray:
 def unexplained(
     run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
 ) -> list[ga.Episode]:
+    return [e for e in episodes(run, index, w, peers) if not e.explained]
+
+
+def episodes(
+    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+) -> list[ga.Episode]:
     s = run.series[index]
-    found = ga.find_episodes(s.t, w, run.events, peers=peers)
-    return [e for e in found if not e.explained]
+    return ga.find_episodes(s.t, w, run.events, peers=peers)
+
+
+def seen(found: list[ga.Episode], injection: Injection) -> str:
+    """What the detector made of a missed injection: the episodes over it, and why each was
+    explained ("nothing": no departure at all)."""
+    over = [e for e in found if e.start < injection.end and e.end > injection.start]
+    return (
+        "; ".join(
+            f"{e.kind} {e.start:.0f}-{e.end:.0f} s ({e.phase}, expected {e.expected:.0f}, "
+            f"observed {e.observed:.0f}): {e.reason or 'unexplained'}"
+            for e in over
+        )
+        or "nothing"
+    )
 
 
 def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
@@ -203,7 +226,8 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
         if injection is None:
             continue
         s = run.series[injection.series]
-        alarms = unexplained(run, injection.series, apply(s, injection), peers[injection.series])
+        found = episodes(run, injection.series, apply(s, injection), peers[injection.series])
+        alarms = [e for e in found if not e.explained]
         hits = [e for e in alarms if e.start < injection.end and e.end > injection.start]
         # Alarms elsewhere on that series that the clean pass did not already have.
         clean_here = [e for i, e in clean_alarms if i == injection.series]
@@ -221,6 +245,14 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
                 "found": bool(hits),
                 "delay": delay,
                 "extra": len(extra),
+                # For --misses: where it was and what the detector saw instead.
+                "series": s.node,
+                "start": injection.start,
+                "factor": injection.factor,
+                "phases": sorted(
+                    set(ga.phase_labels(s.t, run.events.phases)[during(s, injection)])
+                ),
+                "seen": "" if hits else seen(found, injection),
             }
         )
     return {
@@ -359,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None, help="first N runs only")
     parser.add_argument("--trials", type=int, default=40, help="injections per run")
+    parser.add_argument(
+        "--misses", action="store_true", help="list every missed injection and what was seen"
+    )
     args = parser.parse_args(argv)
     index = pd.read_csv(args.dir / "INDEX.csv", keep_default_na=False)
     if args.limit:
@@ -373,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     if not args.json:
         print_table(per_run, summary)
+    if args.misses:
+        print_misses(per_run)
     print(json.dumps(summary))
     return 0
 
@@ -399,6 +436,20 @@ def print_table(per_run: list[dict], summary: dict) -> None:
     print()
     for key, value in summary.items():
         print(f"{key:<36} {value}")
+
+
+def print_misses(per_run: list[dict]) -> None:
+    """Every injection not found: run, kind and context, series, start, length, amplitude, the
+    phases it covered, and what the detector saw there."""
+    for r in per_run:
+        for t in r["trials"]:
+            if t["found"]:
+                continue
+            print(
+                f"missed {r['benchmark']} {t['kind']}/{t['context']} node {t['series']} "
+                f"at {t['start']:.1f} s for {t['length']:.1f} s x{t['factor']:.2f} "
+                f"over {','.join(t['phases'])}: {t['seen']}"
+            )
 
 
 if __name__ == "__main__":

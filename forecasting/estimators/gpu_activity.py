@@ -8,12 +8,14 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    the run logs: an architecture change (neurons grown or pruned), a resume, a step-time change.
    Those split the phase into regimes, each learning its own level. A phase shorter than two
    sampling periods cannot show and keeps the phase before it.
-2. **Normal activity per regime.** First pass: the regime's mode or, where a second level holds
+2. **Normal activity per regime.** First pass: the regime's mode or, where other levels hold
    a fair share of it, the level nearest a reference (the peers' ratio 1; the phase's level over
-   all its regimes). Later passes: a centred rolling median of the samples no earlier pass found
-   departing. Spread: the noise of neighbouring samples (MAD of first differences). Idle uses a
-   low quantile: the GPU's idle is its floor, and foreign work only ever adds to it. Noise
-   comes from a regime's interior readings (its edges are mid-transition).
+   all its regimes); a lone series' training, with no reference, takes the level it settles at
+   first (training starts clean; foreign work comes and goes). Later passes: a centred
+   rolling median of the samples no earlier pass found departing. Spread: the noise of
+   neighbouring samples (MAD of first differences). Idle uses a low quantile: the GPU's idle is
+   its floor, and foreign work only ever adds to it. Noise comes from a regime's interior
+   readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
    sampling jitter), so the expected value at t is the band spanned by the levels of every regime
    present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
@@ -25,7 +27,7 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    (a sequential test: a strong burst needs fewer readings, never fewer than two). An episode
    is *explained* when what remains of it outside the windows of the run's point events
    (checkpoint, resume, architecture change, step-time change, custom; +-tolerance) and the
-   warm-up (until the run's readings settle at their level) has less evidence than that;
+   warm-up (until the run's readings ramp up to their level) has less evidence than that;
    otherwise it is *unexplained*, and `detected_at` is when the evidence was reached (online
    delay). An idle rise to the run's init level that lasts until idle ends is a job's setup
    (explained).
@@ -277,13 +279,20 @@ def regime_levels(
             # a throttle may be most of it: of its levels, the one nearest the phase's usual
             # level across all its regimes (a real change of level is the regime's only one).
             same = values[labels == key.split("#")[0]]
-            reference = (
-                half_sample_mode(same)
-                if np.unique(keys[labels == labels[idx[0]]]).size > 1
-                else float("nan")
-            )
-            band = max(settings.z * pooled, settings.rel * abs(reference))
-            lv = np.full(idx.size, nearest_level(own_learn, band, reference, settings.level_share))
+            split = np.unique(keys[labels == labels[idx[0]]]).size > 1
+            phase_mode = half_sample_mode(same)
+            reference = phase_mode if split else float("nan")
+            band = max(settings.z * pooled, settings.rel * abs(phase_mode))
+            if split or labels[idx[0]] != "train":
+                usual = nearest_level(own_learn, band, reference, settings.level_share)
+            else:
+                # Training starts clean: foreign work and throttles come and go during a run,
+                # and a lone series (no peers to hold it against) that holds two levels, each
+                # for a fair share, is at its usual one where it first settled. The mode took
+                # a throttle over 60% of a 4-min run as the level and the untouched training
+                # before it as foreign work.
+                usual = earliest_level(own_learn, band, settings.level_share)
+            lv = np.full(idx.size, usual)
         else:
             lv = _rolling(own_learn, window, q)
         level[idx] = lv
@@ -448,7 +457,11 @@ def _warmups(
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
-    near = np.abs(values - level) <= slack
+    # A warm-up ramps up to the level (compilation, autotuning, the data pipeline filling);
+    # a reading above the level's band is past the ramp, and what lifts it is not the run's
+    # warm-up (foreign work across the start of training kept the readings off the band, and
+    # the warm-up ran to its cap over it).
+    near = values >= level - slack
     out = []
     for start in starts:
         ramp = _ramp_s(times, near, start, settings.warmup_s)
@@ -554,13 +567,16 @@ def _peer_departure(
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         own_learn = learn[idx] if np.isfinite(learn[idx]).any() else ratio[idx]
+        inner = _interior(idx)
         if mask is None:
-            r = np.full(idx.size, _usual_ratio(own_learn, settings))
+            spread = noise(
+                np.log(np.where(ratio[inner] > 0, ratio[inner], np.nan)), times[inner], dt
+            )
+            r = np.full(idx.size, _usual_ratio(own_learn, spread, settings))
         else:
             r = _rolling(own_learn, window, 0.5)
         exp = filled[idx] * r
         # The noise of this series against its peers (what the peers do not share).
-        inner = _interior(idx)
         mad = noise(
             values[inner] - filled[inner] * float(np.nanmedian(learn[idx])), times[inner], dt
         )
@@ -576,42 +592,72 @@ def _peer_departure(
     return dev, slack
 
 
-def _usual_ratio(ratio: np.ndarray, settings: Settings) -> float:
+def _usual_ratio(ratio: np.ndarray, spread: float, settings: Settings) -> float:
     """This series' usual ratio to its peers: of the levels it holds for a fair share of the
     regime, the one closest to the peers'.
 
     The nodes (or GPUs) of one job do the same work, so a series' usual ratio to the others is
     near 1 (within 2.5% on every multi-node run of the dev set). A throttle or foreign work
     covering most of a short run is the regime's mode, and the untouched rest would look like
-    the episode; the level nearest the peers' is the usual one.
+    the episode; the level nearest the peers' is the usual one. `spread`: the log ratio's
+    noise over neighbouring interior readings (regime_levels' noise); the noise of all its
+    differences counted the step from one eval's ratio to the next one's, and from a
+    throttled eval to the untouched last one (a band of 32% on Llama-2's evals: one level).
     """
     x = np.log(ratio[np.isfinite(ratio) & (ratio > 0)])
     if x.size == 0:
         return float("nan")
-    band = max(settings.z * noise(x), settings.rel)
+    band = max(settings.z * (spread if np.isfinite(spread) else noise(x)), settings.rel)
     return float(np.exp(nearest_level(x, band, 0.0, settings.level_share)))
 
 
+def _levels(x: np.ndarray, band: float, share: float) -> list[float]:
+    """The levels x holds for at least `share` of its samples: the mode, then the mode of what
+    lies `band` or more from every level found so far, while that holds its share.
+
+    Not two at most: a throttle over most of a BERT run is the mode, its own eval dips (a
+    reading in every 18 s) the mode of the rest, and the untouched training only the third.
+    """
+    levels = [half_sample_mode(x)]
+    while True:
+        rest = x[np.all(np.abs(x[:, None] - np.array(levels)[None, :]) >= band, axis=1)]
+        if rest.size < share * x.size:
+            return levels
+        level = half_sample_mode(rest)
+        if int((np.abs(rest - level) < band).sum()) < share * x.size:
+            return levels
+        levels.append(level)
+
+
 def nearest_level(x: np.ndarray, band: float, reference: float, share: float) -> float:
-    """Of the levels x holds for at least `share` of its samples (two at most: the mode, and
-    the mode of what lies `band` or more from it), the one nearest `reference`.
+    """Of the levels x holds for a fair share (_levels), the one nearest `reference`.
 
     One level only, or no reference (NaN): the mode.
     """
     x = x[np.isfinite(x)]
     if x.size == 0:
         return float("nan")
-    first = half_sample_mode(x)
+    levels = _levels(x, band, share)
     if not np.isfinite(reference):
-        return first
-    rest = x[np.abs(x - first) >= band]
-    if rest.size < share * x.size:
-        return first
-    second = half_sample_mode(rest)
-    held = int((np.abs(x - second) < band).sum())
-    if held >= share * x.size and abs(second - reference) < abs(first - reference):
-        return second
-    return first
+        return levels[0]
+    # On a tie, the mode.
+    return min(levels, key=lambda level: abs(level - reference))
+
+
+def earliest_level(x: np.ndarray, band: float, share: float) -> float:
+    """Of the levels x (in time order) holds for a fair share (_levels), the one it settles at
+    first: two consecutive readings within `band` of it (a ramp passes through a level on its
+    way, it does not stay)."""
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan")
+
+    def settles(level: float) -> int:
+        near = np.abs(x - level) < band
+        hit = np.flatnonzero(near[:-1] & near[1:])
+        return int(hit[0]) if hit.size else x.size
+
+    return min(_levels(x, band, share), key=settles)
 
 
 # -- episodes -------------------------------------------------------------------------------

@@ -317,3 +317,68 @@ def test_a_weak_burst_over_a_short_eval_is_found_against_peers() -> None:
     v[(t >= 320) & (t < 330)] *= 1.11
     found = unexplained(ga.find_episodes(t, v, events, peers=peers))
     assert [e.kind for e in found] == ["burst"] and 318 <= found[0].start <= 324
+
+
+def test_a_throttle_over_most_of_a_lone_run_is_found_against_where_it_settled() -> None:
+    # One node, no peers: a throttle over the last two thirds of training is the regime's
+    # mode; the run settled at its usual level first, and the throttle is the departure.
+    rng = np.random.default_rng(3)
+    t = np.arange(300, dtype=float)
+    v = 70 + rng.normal(0, 0.7, t.size)
+    v[100:] *= 0.75
+    events = ga.RunEvents(phases=[ga.Phase(0, 300, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["drop"]
+    assert abs(found[0].start - 100) <= 2
+
+
+def test_foreign_work_over_the_start_of_training_is_not_the_warm_up() -> None:
+    # A lone node read every 2 s: a +20% burst from the first reading of training for 16 s.
+    # The run's ramp rises to its level; readings above it are past the ramp, so the warm-up
+    # does not stretch over them.
+    rng = np.random.default_rng(6)
+    t = np.arange(-40, 400, 2.0)
+    v = np.where(t < 0, 2600.0, 7000.0) + rng.normal(0, 20, t.size)
+    v[(t >= 0) & (t < 16)] *= 1.2
+    events = ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["burst"] and abs(found[0].start) <= 2
+
+
+def test_a_lone_runs_level_is_found_behind_a_throttle_and_its_own_dips() -> None:
+    # A lone node read every 2 s, a 4-s dip every 18 s (short evals, not logged), throttled
+    # from 60 s on: the throttle is the mode and its own dips the mode of what is left, so the
+    # untouched training is only the third level the regime holds.
+    rng = np.random.default_rng(7)
+    t = np.arange(0, 400, 2.0)
+    v = np.where(t % 18 < 4, 5000.0, 7000.0) + rng.normal(0, 15, t.size)
+    v[t >= 60] *= 0.8
+    events = ga.RunEvents(phases=[ga.Phase(0, 400, "train")])
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert found and all(e.kind == "drop" for e in found)
+    # It may take in the run's own dip just before it (54-58 s).
+    assert 52 <= found[0].start <= 60 and found[0].end >= 398
+
+
+def test_a_throttle_over_most_evals_is_held_against_the_peers_in_them_too() -> None:
+    # Power read every 2 s; 8-s evals, which the peers enter a reading earlier or later (their
+    # clocks and ramps differ), so the ratio to the peers swings at every eval's edges. A
+    # throttle over four of the five evals: the evals' usual ratio is the untouched one, and
+    # the throttle is one drop, not five split at the evals.
+    rng = np.random.default_rng(8)
+    t = np.arange(0, 320, 2.0)
+    starts = [60, 120, 180, 240, 300]
+
+    def node(shifts: list[int]) -> np.ndarray:
+        v = np.full(t.size, 6300.0)
+        for s, shift in zip(starts, shifts, strict=True):
+            v[(t >= s + shift) & (t < s + 8 + shift)] = 5300.0
+            v[(t >= s + shift) & (t < s + 2 + shift)] = 5800.0  # falling into it
+        return v
+
+    v = node([0] * 5) + rng.normal(0, 20, t.size)
+    peers = node([-2, 2, -2, 2, -2]) + rng.normal(0, 10, t.size)
+    v[(t >= 24) & (t < 296)] *= 0.82
+    phases = [ga.Phase(0, 320, "train")] + [ga.Phase(s, s + 8, "eval") for s in starts]
+    found = unexplained(ga.find_episodes(t, v, ga.RunEvents(phases=phases), peers=peers))
+    assert [(e.kind, e.start, e.end) for e in found] == [("drop", 24.0, 296.0)]
