@@ -123,15 +123,27 @@ def _excused(job: data.Job) -> list[tuple[int, int, int]]:
 
 
 def _oracle(
-    x: np.ndarray, x_clean: np.ndarray, f: float, per_day: float, tests: int, truth: Truth
-) -> Outcome:
-    """The oracle CUSUM of `rows_needed` run on the injected series (shown on the findable set
-    only: it knows the level and noise the detectors must estimate, and raises no false alarm
-    by construction)."""
+    findable: Tally,
+    where: str,
+    x: np.ndarray,
+    x_clean: np.ndarray,
+    f: float,
+    per_day: float,
+    tests: int,
+    truth: Truth,
+) -> None:
+    """The oracle CUSUM of `rows_needed` run on a findable trial's injected series (it knows the
+    level and noise the detectors must estimate), and on the same series without the slowdown.
+    Its budget is one false alarm per job-day over all `tests` series, so on a clean series of
+    a few hours it should all but never alarm; the share of trials where it does ("oracle_clean",
+    a share of trials kept as a recall) says how far its noise, read from the series itself, is
+    too low, and so how generous the findable set and the oracle's recall are."""
     if not truth.eligible:
-        return Outcome(None, None, 0)
+        return
     delay = oracle_delay(x, x_clean, f, per_day, tests, truth.onset)
-    return Outcome(delay is not None, None if delay is None else float(delay), 0)
+    findable.add("oracle", where, _size(f), Outcome(delay is not None, delay, 0), 0.0)
+    clean = oracle_delay(x_clean, x_clean, f, per_day, tests, 0) is not None
+    findable.add("oracle_clean", where, _size(f), Outcome(clean, None, 0), 0.0)
 
 
 def _pairs(ranks: int) -> dict[str, list[int]]:
@@ -239,8 +251,7 @@ def real_injections(
                     clean_x = x_clean[:, rank]
                 needed = rows_needed(clean_x, f, job.rows_per_day, tests)
                 if findable is not None and n - onset >= needed:
-                    oracle = _oracle(slow_x, clean_x, f, job.rows_per_day, tests, truth)
-                    findable.add("oracle", where, _size(f), oracle, 0.0)
+                    _oracle(findable, where, slow_x, clean_x, f, job.rows_per_day, tests, truth)
                 for det, (ra, ha) in _run_all(slowed, job.rows_per_day, hosts).items():
                     out = score(ra, ha, hosts, truth)
                     tally.add(det, where, _size(f), out, job.days)
@@ -332,14 +343,28 @@ def synthetic(
                     tally.add(det, where + "_host", _size(f), host_out, 0.0)
                     if findable is not None and not stress and det == "runcast":
                         if rows - t_rank >= rank_needed:
-                            oracle = _oracle(
-                                x[:, rank], x_clean[:, rank], f, per_day, tests, rank_truth
+                            rank_x = (x[:, rank], x_clean[:, rank])
+                            _oracle(
+                                findable,
+                                f"synth_{size}_rank",
+                                *rank_x,
+                                f,
+                                per_day,
+                                tests,
+                                rank_truth,
                             )
-                            findable.add("oracle", f"synth_{size}_rank", _size(f), oracle, 0.0)
                         if rows - t_host >= host_needed:
                             slow_hx = host_series(x, {host: hosts[host]})[:, 0]
-                            oracle = _oracle(slow_hx, host_x, f, per_day, tests, host_truth)
-                            findable.add("oracle", f"synth_{size}_host", _size(f), oracle, 0.0)
+                            _oracle(
+                                findable,
+                                f"synth_{size}_host",
+                                slow_hx,
+                                host_x,
+                                f,
+                                per_day,
+                                tests,
+                                host_truth,
+                            )
                     if findable is not None and not stress:
                         if rows - t_rank >= rank_needed:
                             findable.add(det, f"synth_{size}_rank", _size(f), out, 0.0)
@@ -533,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(_table(findable, ["oracle", *shown]))
     print(
+        "share of these trials where the oracle alarms on the clean series (its budget: ~0): "
+        + ", ".join(f"{k}% {_fmt(v, True)}" for k, v in findable.recall("oracle_clean").items())
+    )
+    print(
         f"\nwhat-if ETA error (median over {len(etas)} detected >=5% rank injections): "
         f"{_fmt(float(np.nanmedian(eta[:, 0])), True)} (what-if factor alone "
         f"{_fmt(float(np.nanmedian(eta[:, 1])), True)}; the plain pace forecast's own error "
@@ -551,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "straggler_recall_by_slowdown": tally.recall("runcast"),
         "straggler_recall_findable_by_slowdown": tally_recall_all(findable, ["oracle", *shown]),
+        "oracle_clean_alarm_share_by_slowdown": findable.recall("oracle_clean"),
         "findable_trials_by_slowdown": {
             _size(f): sum(
                 len(v)
