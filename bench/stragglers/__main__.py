@@ -341,13 +341,14 @@ def synthetic(
                     host_out = score(ra, ha, hosts, host_truth)
                     host_out.false_alarms = 0  # counted once, in the rank scoring of the world
                     tally.add(det, where + "_host", _size(f), host_out, 0.0)
+                    # The oracle needs no detector's output: once per trial.
                     if findable is not None and not stress and det == "runcast":
                         if rows - t_rank >= rank_needed:
-                            rank_x = (x[:, rank], x_clean[:, rank])
                             _oracle(
                                 findable,
                                 f"synth_{size}_rank",
-                                *rank_x,
+                                x[:, rank],
+                                x_clean[:, rank],
                                 f,
                                 per_day,
                                 tests,
