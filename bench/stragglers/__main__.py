@@ -21,12 +21,14 @@ from bench.stragglers import data
 from bench.stragglers.score import (
     NVIDIA_THRESHOLD,
     Detector,
+    Outcome,
     Truth,
     edges,
     host_series,
     log_ratio,
     nvidia_individual,
     nvidia_relative,
+    oracle_delay,
     rows_needed,
     runcast,
     score,
@@ -118,6 +120,30 @@ def _excused(job: data.Job) -> list[tuple[int, int, int]]:
         (e.rank, e.lo - 2, n if e.kind == "persistent_offset" else e.hi + EPISODE_SLACK_ROWS)
         for e in job.episodes
     ]
+
+
+def _oracle(
+    findable: Tally,
+    where: str,
+    x: np.ndarray,
+    x_clean: np.ndarray,
+    f: float,
+    per_day: float,
+    tests: int,
+    truth: Truth,
+) -> None:
+    """The oracle CUSUM of `rows_needed` run on a findable trial's injected series (it knows the
+    level and noise the detectors must estimate), and on the same series without the slowdown.
+    Its budget is one false alarm per job-day over all `tests` series, so on a clean series of
+    a few hours it should all but never alarm; the share of trials where it does ("oracle_clean",
+    a share of trials kept as a recall) says how far its noise, read from the series itself, is
+    too low, and so how generous the findable set and the oracle's recall are."""
+    if not truth.eligible:
+        return
+    delay = oracle_delay(x, x_clean, f, per_day, tests, truth.onset)
+    findable.add("oracle", where, _size(f), Outcome(delay is not None, delay, 0), 0.0)
+    clean = oracle_delay(x_clean, x_clean, f, per_day, tests, 0) is not None
+    findable.add("oracle_clean", where, _size(f), Outcome(clean, None, 0), 0.0)
 
 
 def _pairs(ranks: int) -> dict[str, list[int]]:
@@ -214,14 +240,18 @@ def real_injections(
                     truth = Truth(host=host, onset=onset, eligible=eligible, excused=_excused(job))
                     where = "real_host"
                     clean_x = host_series(x_clean, {host: members})[:, 0]
+                    slow_x = host_series(x, {host: members})[:, 0]
                 else:
                     rank = _free_rank(job, onset, rng)
                     slowed[onset:, rank] *= f
-                    eligible = bool(np.nanmedian(log_ratio(slowed)[onset:, rank]) > 0)
+                    slow_x = log_ratio(slowed)[:, rank]
+                    eligible = bool(np.nanmedian(slow_x[onset:]) > 0)
                     truth = Truth(rank=rank, onset=onset, eligible=eligible, excused=_excused(job))
                     where = "real_rank"
                     clean_x = x_clean[:, rank]
                 needed = rows_needed(clean_x, f, job.rows_per_day, tests)
+                if findable is not None and n - onset >= needed:
+                    _oracle(findable, where, slow_x, clean_x, f, job.rows_per_day, tests, truth)
                 for det, (ra, ha) in _run_all(slowed, job.rows_per_day, hosts).items():
                     out = score(ra, ha, hosts, truth)
                     tally.add(det, where, _size(f), out, job.days)
@@ -311,6 +341,31 @@ def synthetic(
                     host_out = score(ra, ha, hosts, host_truth)
                     host_out.false_alarms = 0  # counted once, in the rank scoring of the world
                     tally.add(det, where + "_host", _size(f), host_out, 0.0)
+                    # The oracle needs no detector's output: once per trial.
+                    if findable is not None and not stress and det == "runcast":
+                        if rows - t_rank >= rank_needed:
+                            _oracle(
+                                findable,
+                                f"synth_{size}_rank",
+                                x[:, rank],
+                                x_clean[:, rank],
+                                f,
+                                per_day,
+                                tests,
+                                rank_truth,
+                            )
+                        if rows - t_host >= host_needed:
+                            slow_hx = host_series(x, {host: hosts[host]})[:, 0]
+                            _oracle(
+                                findable,
+                                f"synth_{size}_host",
+                                slow_hx,
+                                host_x,
+                                f,
+                                per_day,
+                                tests,
+                                host_truth,
+                            )
                     if findable is not None and not stress:
                         if rows - t_rank >= rank_needed:
                             findable.add(det, f"synth_{size}_rank", _size(f), out, 0.0)
@@ -499,9 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(bands, shown))
     print(
         "\nfindable injections only (rows left after the onset >= what an oracle CUSUM with the"
-        " rank's known level and noise needs at the same false-alarm budget; stress set out)"
+        " rank's known level and noise needs at the same false-alarm budget; stress set out; the"
+        " oracle row is that CUSUM, run)"
     )
-    print(_table(findable, shown))
+    print(_table(findable, ["oracle", *shown]))
+    print(
+        "share of these trials where the oracle alarms on the clean series (its budget: ~0): "
+        + ", ".join(f"{k}% {_fmt(v, True)}" for k, v in findable.recall("oracle_clean").items())
+    )
     print(
         f"\nwhat-if ETA error (median over {len(etas)} detected >=5% rank injections): "
         f"{_fmt(float(np.nanmedian(eta[:, 0])), True)} (what-if factor alone "
@@ -520,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         "jobs": len(jobs),
         "seed": args.seed,
         "straggler_recall_by_slowdown": tally.recall("runcast"),
-        "straggler_recall_findable_by_slowdown": tally_recall_all(findable, shown),
+        "straggler_recall_findable_by_slowdown": tally_recall_all(findable, ["oracle", *shown]),
+        "oracle_clean_alarm_share_by_slowdown": findable.recall("oracle_clean"),
         "findable_trials_by_slowdown": {
             _size(f): sum(
                 len(v)

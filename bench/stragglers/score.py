@@ -41,28 +41,55 @@ def runcast(
     return ranks.above, host.above
 
 
+def _oracle_noise(x_clean: np.ndarray) -> tuple[float, float]:
+    """The series' level and long-run noise, known from its whole clean series: the median, and
+    the spread of its 64-row means x sqrt(64) (shorter blocks when the series is short; the
+    rows are autocorrelated). NaN noise when the series is too short for any block."""
+    x = x_clean[np.isfinite(x_clean)]
+    b = next((b for b in (64, 32, 16, 8) if x.size >= 3 * b), 0)
+    if not b:
+        return float("nan"), float("nan")
+    level = float(np.median(x))
+    csum = np.concatenate(([0.0], np.cumsum(x - level)))
+    means = ((csum[b:] - csum[:-b]) / b)[:: max(1, b // 4)]
+    sigma = 1.4826 * float(np.median(np.abs(means - np.median(means)))) * np.sqrt(b)
+    return level, sigma
+
+
 def rows_needed(x_clean: np.ndarray, factor: float, per_day: float, tests: int) -> float:
     """Rows after the onset an oracle needs to find a slowdown by `factor` in this series.
 
-    The oracle knows the series' level and its long-run noise sigma (the spread of 64-row means
-    of the clean series, x sqrt(64): the rows are autocorrelated) and runs the optimal CUSUM
-    (k = delta / 2) at the same false-alarm budget as the detectors (one per job-day over
-    `tests` series): its mean delay is 2 sigma^2 ln(A) / delta^2 rows (Lorden; Siegmund). A
-    trial with fewer rows left than that cannot be found by any detector inside the budget
-    except by luck; recall over the trials with enough rows says how much of what is findable a
-    detector finds. The oracle needs no safety margin, no bank of k and no estimated level, so
-    it is optimistic.
+    The oracle knows the series' level and its long-run noise sigma (`_oracle_noise`) and runs
+    the optimal CUSUM (k = delta / 2) at the same false-alarm budget as the detectors (one per
+    job-day over `tests` series): its mean delay is 2 sigma^2 ln(A) / delta^2 rows (Lorden;
+    Siegmund). A trial with fewer rows left than that cannot be found by any detector inside
+    the budget except by luck; recall over the trials with enough rows says how much of what is
+    findable a detector finds. The oracle needs no safety margin, no bank of k and no estimated
+    level, so it is optimistic.
     """
-    x = x_clean[np.isfinite(x_clean)]
-    b = next((b for b in (64, 32, 16, 8) if x.size >= 3 * b), 0)
-    if not b or factor <= 1.0:
+    _, sigma = _oracle_noise(x_clean)
+    if not np.isfinite(sigma) or factor <= 1.0:
         return float("inf")
-    dev = x - np.median(x)
-    csum = np.concatenate(([0.0], np.cumsum(dev)))
-    means = ((csum[b:] - csum[:-b]) / b)[:: max(1, b // 4)]
-    sigma = 1.4826 * float(np.median(np.abs(means - np.median(means)))) * np.sqrt(b)
     delta = float(np.log(factor))
     return 2.0 * sigma**2 * float(np.log(max(per_day * tests, 10.0))) / delta**2
+
+
+def oracle_delay(
+    x: np.ndarray, x_clean: np.ndarray, factor: float, per_day: float, tests: int, onset: int
+) -> float | None:
+    """Rows from the onset to the oracle's alarm on series `x` (None: not found), run rather
+    than predicted: the CUSUM of `rows_needed` (k = delta / 2, h = sigma^2 ln(A) / (2k), the
+    level and sigma known from the clean series), with the mean delay replaced by the actual
+    path. Its recall on the findable trials is what a detector that knew the rank's level and
+    noise would get: the gap to it is what estimating them costs."""
+    level, sigma = _oracle_noise(x_clean)
+    if not np.isfinite(sigma) or factor <= 1.0:
+        return None
+    k = float(np.log(factor)) / 2.0
+    h = sigma**2 * float(np.log(max(per_day * tests, 10.0))) / (2.0 * k)
+    d = np.cumsum(np.where(np.isfinite(x), x - level - k, 0.0))
+    s = d - np.minimum(np.minimum.accumulate(d), 0.0)
+    return first_after(s > h, onset)
 
 
 def _windows(compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -160,11 +160,12 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
             spread = 1.4826 * nanmedian(np.abs(means - nanmedian(means, axis=0)), axis=0)
             longrun = np.fmax(longrun, spread * np.sqrt(b))
         elif i > 0:
-            # Too few rows for this block: assume the level wanders like a random walk (the
-            # trace's job 1 does, up to 64 rows) until the history shows otherwise. (Extrapolating
-            # at the growth seen between shorter blocks was tried: job 1's ranks 0-2 then alarm
-            # on a real 5% drift at row 77, from 48 rows of history.)
-            longrun = longrun * (b / th.STRAGGLER_BLOCK_ROWS[i - 1]) ** 0.5
+            # Too few rows for this block: extrapolate (STRAGGLER_NOISE_GROWTH_EXP says why
+            # not as a random walk). Extrapolating at the growth seen between shorter blocks of
+            # the history itself was tried: job 1's ranks 0-2 then alarm on a real 5% drift at
+            # row 77, from 48 rows of history.
+            growth = (b / th.STRAGGLER_BLOCK_ROWS[i - 1]) ** th.STRAGGLER_NOISE_GROWTH_EXP
+            longrun = longrun * growth
         out[i] = longrun
     return out
 

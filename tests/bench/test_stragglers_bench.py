@@ -4,10 +4,12 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.stragglers import __main__ as cli
 from bench.stragglers import data
+from bench.stragglers.score import oracle_delay, rows_needed
 
 RANKS = Path(os.environ.get("RUNCAST_RANKS", "/work/shared/data/ranks"))
 needs_ranks = pytest.mark.skipif(
@@ -49,3 +51,28 @@ def test_the_bench_prints_its_table_and_one_json_line(capsys: pytest.CaptureFixt
         assert set(base["recall_by_slowdown"]) == {"2", "5", "10", "20"}
         assert "false_alarms_per_job_day" in base
     assert "straggler_delay_steps_median" in result
+
+
+def test_the_oracle_is_run_on_the_injected_and_the_clean_series() -> None:
+    # White noise of 1%: a 10% shift from row 300 is ten noise units, far above the threshold.
+    rng = np.random.default_rng(0)
+    clean = 0.01 * rng.standard_normal(600)
+    slowed = clean.copy()
+    slowed[300:] += np.log(1.10)
+    delay = oracle_delay(slowed, clean, 1.10, 8640.0, 64, onset=300)
+    assert delay is not None and delay < 20
+    assert oracle_delay(clean, clean, 1.10, 8640.0, 64, onset=0) is None
+    # Its mean delay is what rows_needed predicts, within the spread of one path.
+    assert delay <= 3 * rows_needed(clean, 1.10, 8640.0, 64) + 5
+
+
+@needs_ranks
+def test_the_json_line_has_the_oracle_beside_runcast(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--data", str(RANKS), "--limit", "1", "--sizes", "64", "--cells", "19200"]
+    assert cli.main([*argv, "--json", "--skip-cost"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    findable = result["straggler_recall_findable_by_slowdown"]
+    assert {"oracle", "runcast"} <= set(findable)
+    shares = result["oracle_clean_alarm_share_by_slowdown"]
+    assert set(shares) == {"2", "5", "10", "20"}
+    assert all(v is None or 0.0 <= v <= 1.0 for v in shares.values())
