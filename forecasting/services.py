@@ -137,7 +137,15 @@ def _final_events(*, run: Run, now: datetime) -> list[Flag]:
     found = _divergence_conditions(
         run=run, key=loss_key, series=_thin_keep_nonfinite(series), keys=keys, now=now
     )
-    events = [c for c in found if c.kind in EVENT_KINDS]
+    # Judged once per end: every forecast task still queued when the run ended runs this again,
+    # and each re-raised the NaN the end had just closed (the demo's drill sent it three times).
+    assert run.ended_at is not None
+    judged = set(
+        Flag.objects.filter(
+            run=run, kind__in=EVENT_KINDS, state=Flag.State.RAISED, created_at__gte=run.ended_at
+        ).values_list("kind", flat=True)
+    )
+    events = [c for c in found if c.kind in EVENT_KINDS and c.kind not in judged]
     return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
 

@@ -220,6 +220,28 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     assert resolved.data["closed_by_run_end"] is True  # alerts send nothing more for it
 
 
+def test_a_nan_in_a_dead_runs_last_data_is_raised_once(project):
+    """A job that dies seconds after its loss blew up: the end's forecast raises the NaN (so the
+    alert says why) and closes it. The forecasts still queued then ran again and raised it anew
+    each time: three NaN alerts for the demo's drill where the README promises one."""
+    run = make_run(project)
+    steps = np.arange(1000)
+    loss = healthy_loss(steps)
+    loss[990:] = np.nan
+    send(run, steps, loss, seq=1)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(1000))
+    for seconds in (1001, 1004, 1014):
+        services.forecast_compute(run_id=run.pk, now=at(seconds))
+    states = list(
+        Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
+    )
+    assert states == ["raised", "resolved"]
+    # A new attempt that ends on a NaN again is a new end, judged anew.
+    Run.objects.filter(pk=run.pk).update(ended_at=at(2000))
+    services.forecast_compute(run_id=run.pk, now=at(2001))
+    assert Flag.objects.filter(run=run, kind="nan", state="raised").count() == 2
+
+
 def test_rows_written_in_one_instant_count_once_newest_by_id(project):
     run = make_run(project)
     now = timezone.now()
