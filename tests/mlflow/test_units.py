@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,6 +78,22 @@ def test_every_path_under_the_prefixes_answers_mlflow_json(
         assert body["error_code"] in ("NOT_IMPLEMENTED", "ENDPOINT_NOT_FOUND") and body["message"]
 
 
+def _poster(client: Client, token: str) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """POST one MLflow API call with the token; the answer's JSON, asserting a 200."""
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = client.post(
+            f"/api/2.0/mlflow/{path}",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+        assert answer.status_code == 200, answer.content
+        return json.loads(answer.content)
+
+    return post
+
+
 @pytest.mark.django_db
 def test_params_set_the_plan_and_a_deadline(client: Client, write_token: str, project: Any) -> None:
     from datetime import UTC, datetime
@@ -84,17 +101,7 @@ def test_params_set_the_plan_and_a_deadline(client: Client, write_token: str, pr
     project.deadlines.create(
         slug="neurips", name="NeurIPS", cutoff=datetime(2027, 5, 1, tzinfo=UTC)
     )
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {write_token}"}
-
-    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = client.post(
-            f"/api/2.0/mlflow/{path}",
-            data=json.dumps(body),
-            content_type="application/json",
-            **auth,
-        )
-        assert answer.status_code == 200, answer.content
-        return json.loads(answer.content)
+    post = _poster(client, write_token)
 
     run_id = post("runs/create", {"experiment_id": "0", "run_name": "r"})["run"]["info"]["run_id"]
     post(
@@ -139,17 +146,7 @@ def test_a_search_reads_latest_metrics_in_a_bounded_number_of_queries(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {write_token}"}
-
-    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = client.post(
-            f"/api/2.0/mlflow/{path}",
-            data=json.dumps(body),
-            content_type="application/json",
-            **auth,
-        )
-        assert answer.status_code == 200, answer.content
-        return json.loads(answer.content)
+    post = _poster(client, write_token)
 
     def log_runs(count: int) -> None:
         for i in range(count):
