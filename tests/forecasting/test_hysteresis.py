@@ -134,6 +134,48 @@ def test_a_deadline_crossing_must_hold_across_new_data(project):
     assert "rise" in open_flags
 
 
+def test_a_deadline_crossing_that_each_new_report_takes_back_is_not_sustained(project):
+    """Right after an early ETA its band narrows with every report, and the odds climb back
+    (74%, 73%, 78%, 85%, 89%, then 91%+) on a run that lands well inside its cutoff: raising on
+    that crossing opened a flag that resolved minutes later, and a real slowdown that followed
+    within the hour came back as a flip-flop (issue 9)."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for p in (0.74, 0.73, 0.78, 0.85, 0.87, 0.89, 0.91, 0.93, 0.96, 0.97, 0.98, 0.99):
+        open_flags = sync(run, _odds(run, t, p), t)
+        assert "deadline" not in open_flags, p
+        t += 15
+    # The same crossing when the odds do not come back: raised once it held a window.
+    for p in (0.74, 0.72, 0.70, 0.68, 0.66, 0.64):
+        open_flags = sync(run, _odds(run, t, p), t)
+        t += 15
+    assert "deadline" in open_flags
+
+
+def test_a_deadline_flag_resolves_only_when_the_odds_hold_across_new_reports(project):
+    """Like a raise, a resolve is a reading held across progress reports: one report recomputed
+    over a window with a later clock is one reading."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t, step = 1000.0, 500
+    for _ in range(5):
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=step)
+        t, step = t + 15, step + 10
+    assert "deadline" in open_flags
+    for _ in range(6):  # 90 s of forecasts, all on the one report of a sparse log
+        open_flags = sync(run, _odds(run, t, 0.97), t, input_step=step)
+        t += 15
+    assert "deadline" in open_flags
+    for _ in range(4):  # new reports say the same: now the odds are back
+        step += 10
+        open_flags = sync(run, _odds(run, t, 0.97), t, input_step=step)
+        t += 15
+    assert "deadline" not in open_flags
+
+
 def test_a_slip_on_a_run_with_a_cutoff_is_news_only_with_its_deadline_flag(project):
     from tracker.models import Deadline
 
