@@ -201,8 +201,9 @@ def test_silence_while_the_server_was_down_is_not_the_runs() -> None:
     assert detect_stall(beats, beats, np.arange(beats.size), now=1260.0).stalled
     spared = detect_stall(beats, beats, np.arange(beats.size), now=1260.0, listening_since=1200.0)
     assert spared is not None and not spared.stalled
-    # Back for 60 s (the client's longest probe) and then the usual limit: now it counts.
-    grace = detect_stall(beats, beats, np.arange(beats.size), now=1330.0, listening_since=1200.0)
+    # Back for 60 s (the client's longest probe) and then the usual limit (60 s on this steady
+    # 15 s cadence: three times its longest interval, at least a minute): now it counts.
+    grace = detect_stall(beats, beats, np.arange(beats.size), now=1315.0, listening_since=1200.0)
     assert grace is not None and not grace.stalled
     late = detect_stall(beats, beats, np.arange(beats.size), now=1400.0, listening_since=1200.0)
     assert late is not None and late.stalled
