@@ -232,17 +232,19 @@ def _sustained(
 
     def odds_recovering(span: timedelta) -> bool:
         """Whether the chance of making the cutoff rose from the span's first progress report
-        to its last. A crossing that every new report takes back towards the line (the band
-        narrowing after an early ETA, one slow interval of a sparse log, a downtime already
-        over) is clearing as data arrive, not sustained: raising it opened a flag that resolved
-        within minutes and came back as "new" when a real slowdown followed (issue 9)."""
+        to its last, and is still at least even. A crossing that every new report takes back
+        towards the line (the band narrowing after an early ETA, one slow interval of a sparse
+        log, a downtime already over) is clearing as data arrive, not sustained: raising it
+        opened a flag that resolved within minutes and came back as "new" when a real slowdown
+        followed (issue 9). A run more likely late than not is news whichever way its odds move
+        (a slowed run's odds climb from 15% to 30% as its new pace is measured)."""
         by_report: dict[Any, float] = {}
         for at, d in history:
             p = d.get("deadline_p")
             if at >= now - span and isinstance(p, int | float):
                 by_report[d.get("input")] = float(p)  # a report's latest reading
         odds = list(by_report.values())
-        return len(odds) >= 2 and odds[-1] > odds[0]
+        return len(odds) >= 2 and odds[-1] > odds[0] and odds[-1] >= th.DEADLINE_LIKELY_LATE_P
 
     def held(kind: str, span: timedelta) -> bool:
         def has(d: dict[str, Any]) -> bool:

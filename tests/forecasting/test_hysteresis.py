@@ -154,6 +154,19 @@ def test_a_deadline_crossing_that_each_new_report_takes_back_is_not_sustained(pr
     assert "deadline" in open_flags
 
 
+def test_a_run_more_likely_late_than_not_raises_though_its_odds_climb(project):
+    """After a slowdown the odds fall to 15% and climb as the new pace is measured: still a run
+    more likely late than not, which is news whichever way its odds move."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for p in (0.15, 0.17, 0.19, 0.22, 0.25, 0.27):
+        open_flags = sync(run, _odds(run, t, p), t)
+        t += 15
+    assert "deadline" in open_flags
+
+
 def test_a_deadline_flag_resolves_only_when_the_odds_hold_across_new_reports(project):
     """Like a raise, a resolve is a reading held across progress reports: one report recomputed
     over a window with a later clock is one reading."""
