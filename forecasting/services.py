@@ -208,20 +208,9 @@ def _sustained(
         .values_list("computed_at", "data")
     )
 
-    def recent(span: timedelta) -> list[tuple[datetime, dict[str, Any]]]:
-        """The computations over the span, or the last FLAG_SUSTAIN_MIN_COMPUTATIONS when it
-        holds fewer: with computations further apart than a third of the window (a backlogged
-        worker; the flag-stream replay of a 4-day run forecasts every 19 min) no 20-min window
-        ever held three, and a regression found in every computation for 2.7 days never
-        raised (issue 9)."""
-        rows = [(at, d) for at, d in history if at >= now - span]
-        if len(rows) < th.FLAG_SUSTAIN_MIN_COMPUTATIONS:
-            rows = history[-th.FLAG_SUSTAIN_MIN_COMPUTATIONS :]
-        return rows
-
     def throughout(test: Callable[[dict[str, Any]], bool], span: timedelta) -> tuple[bool, int]:
         """Whether every computation over the span passed the test, and on how many reports."""
-        rows = recent(span)
+        rows = [(at, d) for at, d in history if at >= now - span]
         passed = (
             len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
             and now - rows[0][0] >= span * th.FLAG_SUSTAIN_COVERAGE
@@ -250,9 +239,9 @@ def _sustained(
         followed (issue 9). A run more likely late than not is news whichever way its odds move
         (a slowed run's odds climb from 15% to 30% as its new pace is measured)."""
         by_report: dict[Any, float] = {}
-        for _, d in recent(span):
+        for at, d in history:
             p = d.get("deadline_p")
-            if isinstance(p, int | float):
+            if at >= now - span and isinstance(p, int | float):
                 by_report[d.get("input")] = float(p)  # a report's latest reading
         odds = list(by_report.values())
         return len(odds) >= 2 and odds[-1] > odds[0] and odds[-1] >= th.DEADLINE_LIKELY_LATE_P
@@ -266,7 +255,7 @@ def _sustained(
         judged = across_reports(has, span)
         return judged is not None and not odds_recovering(judged)
 
-    rows = recent(window)
+    rows = [(at, d) for at, d in history if at >= now - window]
     covered = (
         len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
         and (now - min(r[0] for r in rows)) >= window * th.FLAG_SUSTAIN_COVERAGE
