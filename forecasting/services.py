@@ -181,7 +181,9 @@ def _sustained(
     the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*). A deadline or
     slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports (or, with no
     new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
-    window of recomputations of one report is one reading.
+    window of recomputations of one report is one reading. Its odds must not be climbing back
+    over those reports (unless under 50%), and an open deadline flag closes only on odds held
+    at FLAG_DEADLINE_RESOLVE_P over the same span and reports.
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
