@@ -369,6 +369,25 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
         if recent is not None:
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
+        if rule.kind == BY_KEY["slip"].key and event.run.deadline_id is not None:
+            # For a run aimed at a cutoff the slip is the why of its deadline flag (raised only
+            # with it, alerting at its odds): the deadline alert already says so, and a second
+            # message for the same worry is what a lead learns to mute (a healthy Nemotron run's
+            # one slow step sent both).
+            said = (
+                history.filter(
+                    kind=Flag.Kind.DEADLINE,
+                    event__in=RAISES,
+                    status__in=ACTIVE,
+                    created_at__gte=event.at - rule.cooldown,
+                    created_at__lte=event.at,
+                )
+                .order_by("-created_at")
+                .first()
+            )
+            if said is not None:
+                sent = f"{said.created_at:%m-%d %H:%M} UTC"
+                return S.SUPPRESSED, f"the deadline alert at {sent} says it: the slip is its why"
         return S.PENDING, ""
     if event.event == Flag.State.RESOLVED:
         same_kind = history.filter(kind=event.kind)

@@ -6,6 +6,7 @@ import logging
 import math
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -191,7 +192,9 @@ def _sustained(
     the window found it, and keep an open one until none has (see FLAG_SUSTAIN_*). A deadline or
     slip must also have held over FLAG_SUSTAIN_MIN_INPUTS distinct progress reports (or, with no
     new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
-    window of recomputations of one report is one reading.
+    window of recomputations of one report is one reading. Its odds must not be climbing back
+    over those reports (unless under 50%), and an open deadline flag closes only on odds held
+    at FLAG_DEADLINE_RESOLVE_P over the same span and reports.
 
     Each computation's raw findings are stored (a CONDITIONS forecast), so this needs no state
     outside the database and a restarted worker sees the same history.
@@ -213,27 +216,57 @@ def _sustained(
             kind=Forecast.Kind.CONDITIONS,
             computed_at__gte=now - longest,
             computed_at__lte=now,
-        ).values_list("computed_at", "data")
+        )
+        .order_by("computed_at")
+        .values_list("computed_at", "data")
     )
 
-    def found_throughout(kind: str, span: timedelta) -> tuple[bool, int]:
-        """Whether every computation over the span found it, and on how many reports."""
-        rows = [d for at, d in history if at >= now - span]
-        oldest = min((at for at, _ in history if at >= now - span), default=now)
-        found = (
+    def throughout(test: Callable[[dict[str, Any]], bool], span: timedelta) -> tuple[bool, int]:
+        """Whether every computation over the span passed the test, and on how many reports."""
+        rows = [(at, d) for at, d in history if at >= now - span]
+        passed = (
             len(rows) >= th.FLAG_SUSTAIN_MIN_COMPUTATIONS
-            and now - oldest >= span * th.FLAG_SUSTAIN_COVERAGE
-            and all(kind in (d.get("found") or []) for d in rows)
+            and now - rows[0][0] >= span * th.FLAG_SUSTAIN_COVERAGE
+            and all(test(d) for _, d in rows)
         )
-        return found, len({d.get("input") for d in rows})
+        return passed, len({d.get("input") for _, d in rows})
+
+    def across_reports(test: Callable[[dict[str, Any]], bool], span: timedelta) -> timedelta | None:
+        """The span over which every computation passed the test on FLAG_SUSTAIN_MIN_INPUTS
+        distinct progress reports, or None. With fewer reports in `span` (a run that reports
+        rarely, or has stopped: the stall flag speaks for that) the reading must have held over
+        the longest span: on a run that reports every few minutes, a window of recomputations
+        of one report is one reading."""
+        passed, inputs = throughout(test, span)
+        if passed and inputs < th.FLAG_SUSTAIN_MIN_INPUTS:
+            span = longest
+            passed = throughout(test, span)[0]
+        return span if passed else None
+
+    def odds_recovering(span: timedelta) -> bool:
+        """Whether the chance of making the cutoff rose from the span's first progress report
+        to its last, and is still at least even. A crossing that every new report takes back
+        towards the line (the band narrowing after an early ETA, one slow interval of a sparse
+        log, a downtime already over) is clearing as data arrive, not sustained: raising it
+        opened a flag that resolved within minutes and came back as "new" when a real slowdown
+        followed (issue 9). A run more likely late than not is news whichever way its odds move
+        (a slowed run's odds climb from 15% to 30% as its new pace is measured)."""
+        by_report: dict[Any, float] = {}
+        for at, d in history:
+            p = d.get("deadline_p")
+            if at >= now - span and isinstance(p, int | float):
+                by_report[d.get("input")] = float(p)  # a report's latest reading
+        odds = list(by_report.values())
+        return len(odds) >= 2 and odds[-1] > odds[0] and odds[-1] >= th.DEADLINE_LIKELY_LATE_P
 
     def held(kind: str, span: timedelta) -> bool:
-        found, inputs = found_throughout(kind, span)
-        if not found or kind not in SUSTAINED_ON_NEW_DATA or inputs >= th.FLAG_SUSTAIN_MIN_INPUTS:
-            return found
-        # No new report in the window (a run that reports rarely, or has stopped: the stall
-        # flag speaks for that): the reading must then have held over the longest span.
-        return found_throughout(kind, longest)[0]
+        def has(d: dict[str, Any]) -> bool:
+            return kind in (d.get("found") or [])
+
+        if kind not in SUSTAINED_ON_NEW_DATA:
+            return throughout(has, span)[0]
+        judged = across_reports(has, span)
+        return judged is not None and not odds_recovering(judged)
 
     rows = [(at, d) for at, d in history if at >= now - window]
     covered = (
@@ -268,11 +301,9 @@ def _sustained(
         if kind not in SUSTAINED_KINDS or kind in reported:
             continue
         if kind == Flag.Kind.DEADLINE:
-            # Open until the odds are clearly back, in every computation of the window.
-            ps = [d.get("deadline_p") for _, d in rows]
-            back = covered and all(
-                isinstance(p, int | float) and p >= th.FLAG_DEADLINE_RESOLVE_P for p in ps
-            )
+            # Open until the odds are clearly back, in every computation of the window and on
+            # new reports, as a raise must hold (one report's reading, recomputed, is one).
+            back = across_reports(_odds_back, window) is not None
         else:
             back = covered and not any(kind in s for s in seen)
         if not back:  # still open: the same condition, so no new row
@@ -292,6 +323,11 @@ def _sustained(
                 for c in out
             ]
     return out
+
+
+def _odds_back(computation: dict[str, Any]) -> bool:
+    p = computation.get("deadline_p")
+    return isinstance(p, int | float) and p >= th.FLAG_DEADLINE_RESOLVE_P
 
 
 def _store(

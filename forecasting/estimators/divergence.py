@@ -258,14 +258,22 @@ def _rise_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
         return None
     d = np.diff(by)
     sd = max(1.4826 * float(np.median(np.abs(d - np.median(d)))), th.DIV_SCALE_FLOOR / 4)
-    cusum = 0.0
+    cusum = peak = 0.0
     start = 0
     for i, inc in enumerate(d / sd):
         cusum = max(0.0, cusum + inc - th.DIV_CUSUM_DRIFT)
         if cusum == 0.0:
             start = i + 1
+            peak = 0.0
+        peak = max(peak, cusum)
     rise = float(by[-1] - by[start])
     if cusum < th.DIV_CUSUM_LIMIT or rise < math.log(1 + th.DIV_RISE_MIN_FRACTION):
+        return None
+    if peak - cusum >= th.DIV_CUSUM_LIMIT:
+        # The sum has come down from its peak by as much as it takes to raise: the climb ended
+        # and the loss falls again (a level still above its best is a regression's to say). A
+        # sparse validation curve's steady small decline after a climb leaves the sum high in
+        # units of that decline's tiny spread, and it read "still climbing" on a falling curve.
         return None
     detected = _cusum_crossing(d / sd, start)
     return DivergenceFlag(

@@ -23,14 +23,23 @@ class StallResult:
         return as_json(self)
 
 
-def _usual_interval(times: np.ndarray) -> float | None:
+def _recent_gaps(times: np.ndarray) -> np.ndarray:
     gaps = np.diff(np.sort(times))[-th.STALL_RECENT_INTERVALS :]
-    gaps = gaps[gaps > 0]
+    return gaps[gaps > 0]
+
+
+def _usual_interval(times: np.ndarray) -> float | None:
+    gaps = _recent_gaps(times)
     return float(np.median(gaps)) if gaps.size else None
 
 
-def _limit(usual: float) -> float:
-    return max(th.STALL_FACTOR * usual, th.STALL_MIN_S)
+def _limit(usual: float, longest: float | None = None) -> float:
+    """How long a silence may last: STALL_FACTOR usual intervals, or for progress (with the
+    longest recent interval) also no more than STALL_LONGEST_FACTOR times the longest one."""
+    limit = th.STALL_FACTOR * usual
+    if longest is not None:
+        limit = min(limit, th.STALL_LONGEST_FACTOR * longest)
+    return max(limit, th.STALL_MIN_S)
 
 
 def _progress_times(times: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -75,10 +84,11 @@ def detect_stall(
             text = f"no heartbeat for {span(silent)} (usually every {span(usual)})"
             return StallResult(True, float(silent), usual, "no_heartbeat", text)
     if moved.size >= 3:
-        usual = _usual_interval(moved)
+        gaps = _recent_gaps(moved)
         silent = now - max(float(moved.max()), floor)
-        if usual is not None:
-            stalled = bool(silent > _limit(usual))
+        if gaps.size:
+            usual = float(np.median(gaps))
+            stalled = bool(silent > _limit(usual, float(gaps.max())))
             verb = "alive but no progress" if stalled else "progressing"
             text = f"{verb}: last step {span(silent)} ago (usually every {span(usual)})"
             return StallResult(stalled, float(silent), usual, "no_progress", text)

@@ -139,6 +139,14 @@ STALL_MIN_S = 60.0
 STALL_RECONNECT_GRACE_S = 60.0
 # Usual interval = median of the last this-many intervals (recent cadence, not the warm-up).
 STALL_RECENT_INTERVALS = 50
+# No progress for this many times the longest of those intervals is a stall even under
+# STALL_FACTOR usual ones: a log with a steady cadence (an MLPerf run reporting every 286 s, not
+# one interval off by more than 13%) stopped for 15 min went 1,186 s silent, 4.1 usual intervals,
+# and was never flagged. Offline, at every sweep of the developer set's healthy replays, progress
+# silence reached 1.5x the longest recent interval on one run and 2x on none (3x leaves room for
+# an eval or checkpoint pause longer than any seen lately). The heartbeat (crash) limit is not
+# tightened: only STALL_FACTOR applies to it.
+STALL_LONGEST_FACTOR = 3.0
 # (ETA section: end)
 
 # --- Loss trend and divergence (forecasting/estimators/loss.py, divergence.py)

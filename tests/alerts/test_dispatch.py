@@ -185,6 +185,24 @@ def test_a_slip_of_a_run_aimed_at_a_cutoff_follows_the_deadline_threshold(
     assert Notification.objects.count() == 2  # email and Slack
 
 
+def test_a_slip_of_a_run_aimed_at_a_cutoff_is_said_by_its_deadline_alert(
+    run: Run, channels: Any
+) -> None:
+    # A healthy Nemotron run's one slow step (issue 9's flag stream): the deadline flag at 39%
+    # and its slip (+10.5 h) were two messages for one worry. The slip is the deadline's why.
+    run.deadline = Deadline.objects.create(
+        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
+    )
+    run.save(update_fields=["deadline"])
+    flag_raise(run, "deadline", severity=0.61, onset_step=None, data={"p_on_time": 0.39})
+    _slip(run, 10.5, p_on_time=0.39)
+    services.flags_dispatch()
+    sent = Notification.objects.exclude(status=Notification.Status.SUPPRESSED)
+    assert sorted(sent.values_list("kind", flat=True)) == ["deadline", "deadline"]  # email, Slack
+    slips = Notification.objects.filter(kind="slip")
+    assert slips.count() == 2 and all("deadline alert" in n.reason for n in slips)
+
+
 def test_a_slip_without_a_cutoff_keeps_its_own_threshold(run: Run, channels: Any) -> None:
     _slip(run, 6, p_on_time=0.65)
     services.flags_dispatch()

@@ -102,6 +102,26 @@ def test_sustained_rise() -> None:
     assert 2200 <= flags[0].onset_step <= 2600
 
 
+def test_a_climb_that_ended_is_no_longer_a_rise() -> None:
+    # A sparse validation curve with an injected divergence (issue 9's flag stream, modded-nanogpt
+    # medium LongerCooldown, seed 0): falling, a climb of +45% over ten evaluations, then a slow
+    # steady decline. While it climbs it is a rise; once it has fallen for a while the rise has
+    # ended (its level above the best is a regression's to report), yet the CUSUM, in units of
+    # the decline's tiny spread, read "still climbing" there and re-raised the rise flag.
+    v = np.array(
+        [
+            *(10.826, 4.52, 4.19, 4.04, 3.942, 3.654, 3.584, 3.533, 3.489, 3.425, 3.396, 3.372),
+            *(3.35, 3.304, 3.283, 3.267, 3.254, 3.233, 3.221, 3.294, 3.425, 3.549, 3.682, 3.813),
+            *(3.943, 4.068, 4.196, 4.329, 4.461, 4.591, 4.704, 4.696, 4.686, 4.676, 4.668, 4.662),
+            *(4.654, 4.646, 4.636, 4.628, 4.621, 4.614, 4.606, 4.599, 4.592, 4.587, 4.579, 4.572),
+            *(4.567, 4.56, 4.554, 4.548, 4.542, 4.537, 4.532, 4.53, 4.529),
+        ]
+    )
+    s = np.arange(v.size, dtype=float) * 125
+    assert "rise" in _kinds(detect_divergence(s[:25], v[:25], evaluation=True))
+    assert "rise" not in _kinds(detect_divergence(s, v, evaluation=True))
+
+
 def test_growing_oscillation() -> None:
     s, v = _healthy(noise=0.005)
     v = v.copy()

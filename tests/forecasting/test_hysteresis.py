@@ -136,6 +136,61 @@ def test_a_deadline_crossing_must_hold_across_new_data(project):
     assert "rise" in open_flags
 
 
+def test_a_deadline_crossing_that_each_new_report_takes_back_is_not_sustained(project):
+    """Right after an early ETA its band narrows with every report, and the odds climb back
+    (74%, 73%, 78%, 85%, 89%, then 91%+) on a run that lands well inside its cutoff: raising on
+    that crossing opened a flag that resolved minutes later, and a real slowdown that followed
+    within the hour came back as a flip-flop (issue 9)."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for p in (0.74, 0.73, 0.78, 0.85, 0.87, 0.89, 0.91, 0.93, 0.96, 0.97, 0.98, 0.99):
+        open_flags = sync(run, _odds(run, t, p), t)
+        assert "deadline" not in open_flags, p
+        t += 15
+    # The same crossing when the odds do not come back: raised once it held a window.
+    for p in (0.74, 0.72, 0.70, 0.68, 0.66, 0.64):
+        open_flags = sync(run, _odds(run, t, p), t)
+        t += 15
+    assert "deadline" in open_flags
+
+
+def test_a_run_more_likely_late_than_not_raises_though_its_odds_climb(project):
+    """After a slowdown the odds fall to 15% and climb as the new pace is measured: still a run
+    more likely late than not, which is news whichever way its odds move."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = 1000.0
+    for p in (0.15, 0.17, 0.19, 0.22, 0.25, 0.27):
+        open_flags = sync(run, _odds(run, t, p), t)
+        t += 15
+    assert "deadline" in open_flags
+
+
+def test_a_deadline_flag_resolves_only_when_the_odds_hold_across_new_reports(project):
+    """Like a raise, a resolve is a reading held across progress reports: one report recomputed
+    over a window with a later clock is one reading."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t, step = 1000.0, 500
+    for _ in range(5):
+        open_flags = sync(run, _odds(run, t, 0.6), t, input_step=step)
+        t, step = t + 15, step + 10
+    assert "deadline" in open_flags
+    for _ in range(6):  # 90 s of forecasts, all on the one report of a sparse log
+        open_flags = sync(run, _odds(run, t, 0.97), t, input_step=step)
+        t += 15
+    assert "deadline" in open_flags
+    for _ in range(4):  # new reports say the same: now the odds are back
+        step += 10
+        open_flags = sync(run, _odds(run, t, 0.97), t, input_step=step)
+        t += 15
+    assert "deadline" not in open_flags
+
+
 def test_a_slip_on_a_run_with_a_cutoff_is_news_only_with_its_deadline_flag(project):
     from tracker.models import Deadline
 
@@ -161,8 +216,9 @@ def test_silence_while_the_server_was_down_is_not_the_runs() -> None:
     assert detect_stall(beats, beats, np.arange(beats.size), now=1260.0).stalled
     spared = detect_stall(beats, beats, np.arange(beats.size), now=1260.0, listening_since=1200.0)
     assert spared is not None and not spared.stalled
-    # Back for 60 s (the client's longest probe) and then the usual limit: now it counts.
-    grace = detect_stall(beats, beats, np.arange(beats.size), now=1330.0, listening_since=1200.0)
+    # Back for 60 s (the client's longest probe) and then the usual limit (60 s on this steady
+    # 15 s cadence: three times its longest interval, at least a minute): now it counts.
+    grace = detect_stall(beats, beats, np.arange(beats.size), now=1315.0, listening_since=1200.0)
     assert grace is not None and not grace.stalled
     late = detect_stall(beats, beats, np.arange(beats.size), now=1400.0, listening_since=1200.0)
     assert late is not None and late.stalled

@@ -46,6 +46,21 @@ def test_alive_but_stuck() -> None:
     assert res.silent_s == pytest.approx(3600.0 - 1770.0)
 
 
+def test_a_stop_on_a_steady_sparse_cadence_is_a_stall() -> None:
+    """A run that reports progress every 286 s like clockwork (an MLPerf log), alive, and then
+    no step for 1,100 s: under five usual intervals, but nearly four times its longest one."""
+    beats = np.arange(0.0, 6000.0, 15.0)  # heartbeats go on throughout
+    progress_t = np.arange(0.0, 3500.0, 286.0)
+    steps = np.arange(progress_t.size, dtype=float)
+    res = detect_stall(beats, progress_t, steps, now=progress_t[-1] + 1100.0)
+    assert res is not None and res.stalled and res.kind == "no_progress"
+    # The same silence on a cadence that has shown pauses that long is its rhythm, not a stall.
+    uneven = progress_t.copy()
+    uneven[6:] += 400.0  # one pause of 686 s among the intervals seen
+    res = detect_stall(beats, uneven, steps, now=uneven[-1] + 1100.0)
+    assert res is not None and not res.stalled
+
+
 def test_short_silence_under_minimum_is_healthy() -> None:
     beats = np.arange(0.0, 20.0, 1.0)
     res = detect_stall(beats, beats, np.arange(20.0), now=19.0 + 30.0)  # 30x usual, but 30 s
