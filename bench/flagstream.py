@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from forecasting.estimators import thresholds as th
+
 # --- simulated time: set before Django loads, so every timezone.now() reads the replay's clock --
 
 
@@ -79,6 +81,11 @@ HEARTBEAT_S = 15.0
 # Work per replay is capped: a run longer than MAX_FORECASTS windows is replayed on a coarser
 # clock (forecasts, heartbeats and sweeps every duration / MAX_FORECASTS); stated in the output.
 MAX_FORECASTS = 300
+# ... but never coarser than a sustained flag can be judged on: its longest window must hold
+# FLAG_SUSTAIN_MIN_COMPUTATIONS forecasts. Coarser (a 97-hour run forecast every 19 min), the
+# replay of a run over ~33 h could raise no trending flag at all: neither its injected
+# divergence nor a false deadline alert was ever counted. Such runs cost more forecasts.
+MAX_FORECAST_INTERVAL_S = th.FLAG_SUSTAIN_MAX_S / th.FLAG_SUSTAIN_MIN_COMPUTATIONS
 DEADLINE_MARGIN = 1.5  # every run aims at a cutoff 1.5x its real duration after its start
 GPUS = 8
 FAULTS = ("nan", "spike", "divergence", "slowdown", "stall", "outage")
@@ -246,7 +253,7 @@ def replay(
         deadline_slug=deadline.slug,
     ).run
     out = Replay(name=name, fault=fault, run_hours=end / 3600.0)
-    scale = max(1.0, end / (MAX_FORECASTS * FORECAST_S))
+    scale = max(1.0, min(end / (MAX_FORECASTS * FORECAST_S), MAX_FORECAST_INTERVAL_S / FORECAST_S))
     every, sweep_every = FORECAST_S * scale, SWEEP_S * scale
     next_forecast, next_sweep, seq = every, sweep_every, 0
     outage = (
@@ -457,6 +464,7 @@ def summarise(healthy: list[Replay], faulted: list[Replay], skipped: int) -> dic
             "forecast_s": FORECAST_S,
             "sweep_s": SWEEP_S,
             "max_forecasts_per_run": MAX_FORECASTS,
+            "max_forecast_interval_s": MAX_FORECAST_INTERVAL_S,
             "deadline_margin": DEADLINE_MARGIN,
         },
     }
