@@ -217,6 +217,28 @@ def test_one_slow_bin_at_the_end_does_not_set_the_pace() -> None:
     assert eta.compute_p50 == pytest.approx(2000.0, rel=0.02)
 
 
+@needs_curves
+def test_pauses_at_the_start_of_a_new_regime_are_not_its_pace() -> None:
+    """A healthy 103-hour Megatron run, 7.4-7.8 s a step throughout: 8 h in, its pace had just
+    shifted a few percent, and the new regime opened with two paused bins (20 s and 14 s a
+    step). Its mean over those few bins was taken for the pace: the ETA read 47% long and the
+    cutoff, 1.5x the run's length, 41% likely (a false deadline alert in the flag stream)."""
+    from curveset import load_run_file, run_timeline
+
+    name = "megatron-lm__deepseekv3_proxy_flex_tp2pp2emp16etp1cp1_gb_200_release__dev_dgx_gb200"
+    timeline = run_timeline(load_run_file(CURVES / "runs" / f"{name}.csv"))
+    assert timeline is not None
+    steps, elapsed = timeline
+    total, end = float(steps[-1]), float(elapsed[-1])
+    for hours in (7.8, 8.0, 8.11):
+        k = int(np.searchsorted(elapsed, elapsed[0] + hours * 3600, side="right"))
+        eta = forecast_eta(steps[:k], elapsed[:k], total)
+        assert eta is not None
+        actual = end - float(elapsed[k - 1])
+        # Within 15% of the time it truly took (before: 56% long at 8.0 h).
+        assert eta.compute_p50 == pytest.approx(actual, rel=0.15), hours
+
+
 def test_interruption_rate_comes_from_the_run_itself() -> None:
     # A 20-minute job that already went down twice: its next 20 minutes are likely hit again,
     # whatever a fleet-wide "one per days" prior says.
