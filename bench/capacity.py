@@ -48,6 +48,8 @@ def setup_django() -> None:
     os.environ.update(
         DATABASE_URL=f"{ingest.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
+        # A throwaway local server: settings refuse to start without a key off the embedded mode.
+        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
         CELERY_BROKER_URL="memory://",
         CACHE_URL="locmemcache://",
         LOG_LEVEL="WARNING",

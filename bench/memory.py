@@ -143,6 +143,8 @@ def env_for(tree: Path) -> dict[str, str]:
     env.update(
         DATABASE_URL=f"{ingest.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
+        # A throwaway local server: settings refuse to start without a key off the embedded mode.
+        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
         CELERY_BROKER_URL=redis,
         CACHE_URL=redis,
         LOG_LEVEL="WARNING",

@@ -40,6 +40,7 @@ def _recreate(server: str) -> str:
     conn.close()
     url = f"{server}/{DB_NAME}"
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings.base"}
+    env.setdefault("SECRET_KEY", "runcast-bench-only-" + "x" * 50)  # a throwaway local server
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     return url
 
@@ -57,6 +58,7 @@ def _drop(server: str) -> None:
 def _setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
+    os.environ.setdefault("SECRET_KEY", "runcast-bench-only-" + "x" * 50)
     sys.path.insert(0, str(ROOT))
     import django
 

@@ -134,6 +134,8 @@ def django_env() -> dict[str, str]:
     env.update(
         DATABASE_URL=f"{PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
+        # A throwaway local server: settings refuse to start without a key off the embedded mode.
+        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
         CELERY_BROKER_URL=REDIS,
         CACHE_URL=REDIS,
         LOG_LEVEL="WARNING",
