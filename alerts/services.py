@@ -354,10 +354,12 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
     the run's end says nothing more: the run-end message does.
     """
     history = Notification.objects.filter(run=event.run, channel=channel)
-    if event.event in RAISES:
-        recent = (
+
+    def raised_within_cooldown(**match: Any) -> Notification | None:
+        """The latest raise on this channel matching `match`, sent or due, in the cooldown."""
+        return (
             history.filter(
-                rule_kind=rule.kind,
+                **match,
                 event__in=RAISES,
                 status__in=ACTIVE,
                 created_at__gte=event.at - rule.cooldown,
@@ -366,6 +368,9 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             .order_by("-created_at")
             .first()
         )
+
+    if event.event in RAISES:
+        recent = raised_within_cooldown(rule_kind=rule.kind)
         if recent is not None:
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
@@ -374,17 +379,7 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             # with it, alerting at its odds): the deadline alert already says so, and a second
             # message for the same worry is what a lead learns to mute (a healthy Nemotron run's
             # one slow step sent both).
-            said = (
-                history.filter(
-                    kind=Flag.Kind.DEADLINE,
-                    event__in=RAISES,
-                    status__in=ACTIVE,
-                    created_at__gte=event.at - rule.cooldown,
-                    created_at__lte=event.at,
-                )
-                .order_by("-created_at")
-                .first()
-            )
+            said = raised_within_cooldown(kind=Flag.Kind.DEADLINE)
             if said is not None:
                 sent = f"{said.created_at:%m-%d %H:%M} UTC"
                 return S.SUPPRESSED, f"the deadline alert at {sent} says it: the slip is its why"
