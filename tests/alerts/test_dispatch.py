@@ -157,6 +157,13 @@ def _slip(run: Run, hours: float, state: str = Flag.State.RAISED, **data: Any) -
     flag_raise(run, "slip", state=state, severity=amount, onset_step=None, data={**slipped, **data})
 
 
+def _aim_at_cutoff(run: Run) -> None:
+    run.deadline = Deadline.objects.create(
+        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
+    )
+    run.save(update_fields=["deadline"])
+
+
 def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
     _slip(run, 2)
     services.flags_dispatch()
@@ -172,10 +179,7 @@ def test_a_slip_of_a_run_aimed_at_a_cutoff_follows_the_deadline_threshold(
 ) -> None:
     # A healthy run's ETA jumped 6 h (one slow step) while its cutoff stayed 65% safe: the
     # slip rule's 3 h passes, but the lead's question is the cutoff (deadline rule: below 50%).
-    run.deadline = Deadline.objects.create(
-        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
-    )
-    run.save(update_fields=["deadline"])
+    _aim_at_cutoff(run)
     _slip(run, 6, p_on_time=0.65)
     services.flags_dispatch()
     assert Notification.objects.count() == 0
@@ -190,10 +194,7 @@ def test_a_slip_of_a_run_aimed_at_a_cutoff_is_said_by_its_deadline_alert(
 ) -> None:
     # A healthy Nemotron run's one slow step (issue 9's flag stream): the deadline flag at 39%
     # and its slip (+10.5 h) were two messages for one worry. The slip is the deadline's why.
-    run.deadline = Deadline.objects.create(
-        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
-    )
-    run.save(update_fields=["deadline"])
+    _aim_at_cutoff(run)
     flag_raise(run, "deadline", severity=0.61, onset_step=None, data={"p_on_time": 0.39})
     _slip(run, 10.5, p_on_time=0.39)
     services.flags_dispatch()

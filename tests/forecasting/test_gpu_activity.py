@@ -236,13 +236,21 @@ def test_the_warm_up_lasts_as_long_as_the_runs_own_ramp() -> None:
         assert len(found) == 1 and abs(found[0].start - 22) <= 2
 
 
-def test_a_burst_soon_after_a_fast_ramp_is_found_on_a_lone_series() -> None:
-    # Single-node power read every 2 s: training ramps in one reading, a +20% burst 10 s in.
-    rng = np.random.default_rng(5)
+def _lone_node_burst(
+    *, seed: int, start: float, end: float
+) -> tuple[np.ndarray, np.ndarray, ga.RunEvents]:
+    """Single-node power read every 2 s: init, training that ramps in one reading, and a +20%
+    burst over [start, end) s of training."""
+    rng = np.random.default_rng(seed)
     t = np.arange(-40, 400, 2.0)
     v = np.where(t < 0, 2600.0, 7000.0) + rng.normal(0, 20, t.size)
-    v[(t >= 10) & (t < 24)] *= 1.2
-    events = ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
+    v[(t >= start) & (t < end)] *= 1.2
+    return t, v, ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
+
+
+def test_a_burst_soon_after_a_fast_ramp_is_found_on_a_lone_series() -> None:
+    # Single-node power read every 2 s: training ramps in one reading, a +20% burst 10 s in.
+    t, v, events = _lone_node_burst(seed=5, start=10, end=24)
     found = unexplained(ga.find_episodes(t, v, events))
     assert [e.kind for e in found] == ["burst"] and abs(found[0].start - 10) <= 2
 
@@ -336,11 +344,7 @@ def test_foreign_work_over_the_start_of_training_is_not_the_warm_up() -> None:
     # A lone node read every 2 s: a +20% burst from the first reading of training for 16 s.
     # The run's ramp rises to its level; readings above it are past the ramp, so the warm-up
     # does not stretch over them.
-    rng = np.random.default_rng(6)
-    t = np.arange(-40, 400, 2.0)
-    v = np.where(t < 0, 2600.0, 7000.0) + rng.normal(0, 20, t.size)
-    v[(t >= 0) & (t < 16)] *= 1.2
-    events = ga.RunEvents(phases=[ga.Phase(-40, 0, "init"), ga.Phase(0, 400, "train")])
+    t, v, events = _lone_node_burst(seed=6, start=0, end=16)
     found = unexplained(ga.find_episodes(t, v, events))
     assert [e.kind for e in found] == ["burst"] and abs(found[0].start) <= 2
 
