@@ -635,8 +635,7 @@ def server_listening(
     now = now or timezone.now()
     if probe_url:
         if web_answers(url=probe_url):
-            ServerClock.objects.get_or_create(pk=1)
-            ServerClock.objects.filter(pk=1).update(web_answered_at=now)
+            ServerClock.objects.update_or_create(pk=1, defaults={"web_answered_at": now})
         else:
             last = ServerClock.objects.filter(pk=1).values_list("web_answered_at", flat=True)
             answered = last.first()
