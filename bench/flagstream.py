@@ -438,6 +438,14 @@ def summarise(healthy: list[Replay], faulted: list[Replay], skipped: int) -> dic
         found = [r.detected_after_s for r in reps if r.detected_after_s is not None]
         recall[kind] = round(len(found) / len(reps), 3) if reps else None
         delay[kind] = round(float(np.median(found)), 1) if found else None
+    # A lead wants one message per fault, not one per cooldown: what each faulted replay sent
+    # (every kind, "finished" aside), median and most.
+    sent = {
+        kind: [sum(r.messages.values()) for r in reps] for kind, reps in sorted(by_fault.items())
+    }
+    fault_messages = {
+        kind: {"median": float(np.median(n)), "max": max(n)} for kind, n in sent.items() if n
+    }
     jumps = [r.eta_jump for r in healthy if r.eta_jump is not None]
     ljumps = [r.loss_jump for r in healthy if r.loss_jump is not None]
     return {
@@ -456,6 +464,7 @@ def summarise(healthy: list[Replay], faulted: list[Replay], skipped: int) -> dic
         "fault_detection_recall": recall,
         "fault_detection_delay_s": delay,
         "faulted_replays": {k: len(v) for k, v in sorted(by_fault.items())},
+        "fault_messages_per_replay": fault_messages,
         "eta_jump_max": round(max(jumps), 3) if jumps else None,
         "eta_jump_median": round(float(np.median(jumps)), 3) if jumps else None,
         "loss_jump_max": round(max(ljumps), 3) if ljumps else None,
@@ -490,16 +499,20 @@ def table(healthy: list[Replay], faulted: list[Replay], summary: dict[str, Any])
         f"crash alerts caused by an outage "
         f"{summary['outage_false_crash']} in {summary['outage_replays']} outages",
         "",
-        "fault       replays  recall  median delay (s)",
+        "fault       replays  recall  median delay (s)  messages per replay (median / max)",
     ]
     for kind in FAULTS:
         if kind == "outage":
             continue
         n = summary["faulted_replays"].get(kind, 0)
+        msgs = summary["fault_messages_per_replay"].get(kind, {})
         lines.append(
             f"  {kind:<10} {n:>7}  {summary['fault_detection_recall'].get(kind)!s:>6}  "
-            f"{summary['fault_detection_delay_s'].get(kind)}"
+            f"{summary['fault_detection_delay_s'].get(kind)!s:>16}  "
+            f"{msgs.get('median')} / {msgs.get('max')}"
         )
+    chatty = sorted(faulted, key=lambda r: -sum(r.messages.values()))[:5]
+    lines += [f"    {r.name}: {dict(r.messages)}" for r in chatty if sum(r.messages.values()) > 2]
     missed = [
         r.name
         for r in faulted

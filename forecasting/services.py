@@ -548,11 +548,18 @@ def _band(kind: str, data: dict[str, Any]) -> int | None:
 
 def _is_news(prev: Flag, cond: Condition) -> bool:
     # Same onset and same band: the open flag already says this; a new row would re-alert.
-    if prev.onset_step != _int_or_none(cond.onset_step):
-        return True
     if prev.kind == Flag.Kind.STRAGGLER and prev.data.get("ranks") != cond.data.get("ranks"):
         return True  # another rank is now the one everyone waits for
-    return _band(prev.kind, prev.data) != _band(cond.kind, cond.data)
+    if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
+        return True
+    if prev.onset_step == _int_or_none(cond.onset_step):
+        return False
+    if "rollback_step" in prev.data or "rollback_step" in cond.data:
+        # A loss finding's onset is re-estimated as points arrive; what a lead acts on is the
+        # checkpoint to roll back to. Each small move was an "updated" alert after every
+        # cooldown (21 messages for one regression in a stop-17 experiment).
+        return prev.data.get("rollback_step") != cond.data.get("rollback_step")
+    return True
 
 
 def _int_or_none(value: float | None) -> int | None:

@@ -133,6 +133,22 @@ def test_it_updates_a_flag_only_when_its_onset_moves(project):
     assert states == ["raised", "updated"]
 
 
+def test_a_loss_finding_whose_onset_moves_is_news_only_when_its_rollback_checkpoint_does(project):
+    run = make_run(project)
+    now = timezone.now()
+    for onset, rollback in ((4100, 4000), (4150, 4000), (4180, 4000), (3950, 3000), (3960, None)):
+        cond = services.Condition(
+            "regression", "loss regressed", 1.0, onset, {"rollback_step": rollback}
+        )
+        services.flags_sync(run=run, conditions=[cond], kinds=("regression",), now=now)
+    rows = Flag.objects.filter(run=run).order_by("id")
+    assert [(f.state, f.onset_step) for f in rows] == [
+        ("raised", 4100),
+        ("updated", 3950),  # before the checkpoint it named: roll back further
+        ("updated", 3960),  # no checkpoint before it any more
+    ]
+
+
 def test_it_flags_a_deadline_the_run_cannot_make(project):
     Deadline.objects.create(
         project=project, slug="eval", name="blind eval", cutoff=at(7000), buffer=timedelta(0)
