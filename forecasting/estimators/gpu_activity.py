@@ -72,6 +72,9 @@ class Mark:
     # Its own margin either side, where its time is known to the sample (a warm-up measured on
     # the readings); None: the event window of point events.
     margin_s: float | None = None
+    # Where its window ends otherwise: before `time + after_s` (exclusive; None: margin_s past
+    # `time`, inclusive). A warm-up ends at a reading of its own, the first at the level.
+    after_s: float | None = None
 
 
 @dataclass
@@ -465,8 +468,12 @@ def _warmups(
     out = []
     for start in starts:
         ramp = _ramp_s(times, near, start, settings.warmup_s)
-        # Its time is the logged start and the readings: one sampling period either side.
-        out.append(Mark(start + ramp, "warmup", before_s=ramp, margin_s=dt))
+        # Its start is the logged one, known to a sampling period of the readings; it ends at
+        # a reading's own time, the first settled at the level (the run at its level, not its
+        # ramp, so not covered): a period past it covered the first settled readings, and a
+        # burst over them (UNet3D's first two after a 17-s gap in the readings, above the
+        # band) was the warm-up.
+        out.append(Mark(start, "warmup", margin_s=dt, after_s=ramp))
     return out
 
 
@@ -780,7 +787,9 @@ def _covered(t: np.ndarray, marks: Sequence[Mark], tol: float) -> np.ndarray:
     covered = np.zeros(t.shape, bool)
     for m in marks:
         pad = tol if m.margin_s is None else m.margin_s
-        covered |= (t >= m.time - m.before_s - pad) & (t <= m.time + pad)
+        start = t >= m.time - m.before_s - pad
+        end = t <= m.time + pad if m.after_s is None else t < m.time + m.after_s
+        covered |= start & end
     return covered
 
 
@@ -869,9 +878,11 @@ def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
     def pad(m: Mark) -> float:
         return tol if m.margin_s is None else m.margin_s
 
-    near = [
-        m.kind for m in marks if m.time + pad(m) >= start and m.time - m.before_s - pad(m) <= end
-    ]
+    def reaches(m: Mark) -> bool:
+        # Its window reaches the episode's start (after_s: an exclusive end).
+        return m.time + pad(m) >= start if m.after_s is None else m.time + m.after_s > start
+
+    near = [m.kind for m in marks if reaches(m) and m.time - m.before_s - pad(m) <= end]
     return ", ".join(sorted(set(near))) or "phase change"
 
 

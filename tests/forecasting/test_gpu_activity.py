@@ -434,3 +434,15 @@ def test_a_burst_over_the_ramp_down_after_a_run_is_found_but_its_teardown_is_not
     v[(t >= 300) & (t < 310)] *= 1.16
     found = unexplained(ga.find_episodes(t, v, events))
     assert [e.phase for e in found] == ["idle"] and 300 <= found[0].start <= 304
+
+
+def test_the_warm_up_does_not_cover_the_first_readings_at_the_level() -> None:
+    # A lone node read every 2 s whose training ramps in one reading (at 0 s): the warm-up
+    # ends at the first reading at (or past) the level, 2 s. A +20% burst over that reading
+    # and the next two (three strong readings, evidence enough anywhere in training) is foreign
+    # work; a period past the warm-up's end covered two of them, and one reading left is no
+    # episode.
+    t, v, events = _lone_node_burst(seed=12, start=2, end=8)
+    v[t == 0] = 4800.0  # the ramp: one reading mid-way
+    found = unexplained(ga.find_episodes(t, v, events))
+    assert [e.kind for e in found] == ["burst"] and found[0].start == 2
