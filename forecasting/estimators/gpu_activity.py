@@ -410,7 +410,10 @@ def departures(
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
     for _ in range(settings.passes):
-        level, lo, hi, dev, setup, scale = _phase_pass(times, values, keys, labels, settings, mask)
+        # Against peers the phase pass's departures are replaced: no need to resolve its edges.
+        level, lo, hi, dev, setup, scale = _phase_pass(
+            times, values, keys, labels, settings, mask, edges=not use_peers
+        )
         if use_peers:
             assert peers is not None
             dev, scale = _peer_departure(times, values, peers, keys, settings, mask)
@@ -502,6 +505,8 @@ def _phase_pass(
     labels: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
+    *,
+    edges: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float], np.ndarray]:
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
@@ -512,7 +517,10 @@ def _phase_pass(
     lo = np.where(idle, -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
     setup = _setup_band(labels, level, slack)
-    dev = _either_side(times, values, keys, idle, level, slack, dev, setup, settings.tolerance_s)
+    if edges:
+        dev = _either_side(
+            times, values, keys, idle, level, slack, dev, setup, settings.tolerance_s
+        )
     return level, lo, hi, dev, setup, slack
 
 
@@ -549,13 +557,14 @@ def _either_side(
     lo_src = np.where(idle, -np.inf, level - slack)
     hi_src = level + slack
     out = dev.copy()
-    # Readings inside the hull, settled, with another regime within reach: a handful per
-    # boundary, so the loop stays cheap.
-    for i in np.flatnonzero((dev == 0) & ~moving):
+    # Whether another regime lies within reach: a change of key between the window's ends.
+    changes = np.concatenate(([0], np.cumsum(keys[1:] != keys[:-1])))
+    mixed = changes[right - 1] > changes[left]
+    # Readings inside the hull, settled, near a boundary: a handful per boundary, so the loop
+    # stays cheap.
+    for i in np.flatnonzero((dev == 0) & ~moving & mixed):
         a, b = left[i], right[i]
         near = keys[a:b]
-        if (near == keys[i]).all():
-            continue
         v = values[i]
         best = np.inf
         bands = []
