@@ -17,9 +17,11 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    its floor, and foreign work only ever adds to it. Noise comes from a regime's interior
    readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
-   sampling jitter), so the expected value at t is the band spanned by the levels of every regime
-   present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
-   band follows them: synchronous training moves all of them at once, foreign work only one.
+   sampling jitter), so it is held against the band of every regime present within +-tolerance
+   (where idle meets the run, the job's setup level too); a reading still moving between two
+   levels (a ramp) gets the whole span between them. With peers (the run's other nodes/GPUs at
+   the same times) a second band follows them: synchronous training moves all of them at once,
+   foreign work only one.
    A sample departs when it lies outside the band(s) by more than max(z * spread, rel * level).
 4. **Episodes.** Consecutive departing samples (short gaps bridged) with `min_duration_s` of
    evidence: a burst (up), a plateau (up, long) or a drop (down). Evidence is each reading's
