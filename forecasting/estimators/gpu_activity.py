@@ -17,9 +17,11 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    its floor, and foreign work only ever adds to it. Noise comes from a regime's interior
    readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
-   sampling jitter), so the expected value at t is the band spanned by the levels of every regime
-   present within +-tolerance. With peers (the run's other nodes/GPUs at the same times) a second
-   band follows them: synchronous training moves all of them at once, foreign work only one.
+   sampling jitter), so it is held against the band of every regime present within +-tolerance
+   (where idle meets the run, the job's setup level too); a reading still moving between two
+   levels (a ramp) gets the whole span between them. With peers (the run's other nodes/GPUs at
+   the same times) a second band follows them: synchronous training moves all of them at once,
+   foreign work only one.
    A sample departs when it lies outside the band(s) by more than max(z * spread, rel * level).
 4. **Episodes.** Consecutive departing samples (short gaps bridged) with `min_duration_s` of
    evidence: a burst (up), a plateau (up, long) or a drop (down). Evidence is each reading's
@@ -72,6 +74,9 @@ class Mark:
     # Its own margin either side, where its time is known to the sample (a warm-up measured on
     # the readings); None: the event window of point events.
     margin_s: float | None = None
+    # Where its window ends otherwise: before `time + after_s` (exclusive; None: margin_s past
+    # `time`, inclusive). A warm-up ends at a reading of its own, the first at the level.
+    after_s: float | None = None
 
 
 @dataclass
@@ -407,7 +412,10 @@ def departures(
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
     for _ in range(settings.passes):
-        level, lo, hi, dev, setup, scale = _phase_pass(times, values, keys, labels, settings, mask)
+        # Against peers the phase pass's departures are replaced: no need to resolve its edges.
+        level, lo, hi, dev, setup, scale = _phase_pass(
+            times, values, keys, labels, settings, mask, edges=not use_peers
+        )
         if use_peers:
             assert peers is not None
             dev, scale = _peer_departure(times, values, peers, keys, settings, mask)
@@ -465,8 +473,12 @@ def _warmups(
     out = []
     for start in starts:
         ramp = _ramp_s(times, near, start, settings.warmup_s)
-        # Its time is the logged start and the readings: one sampling period either side.
-        out.append(Mark(start + ramp, "warmup", before_s=ramp, margin_s=dt))
+        # Its start is the logged one, known to a sampling period of the readings; it ends at
+        # a reading's own time, the first settled at the level (the run at its level, not its
+        # ramp, so not covered): a period past it covered the first settled readings, and a
+        # burst over them (UNet3D's first two after a 17-s gap in the readings, above the
+        # band) was the warm-up.
+        out.append(Mark(start, "warmup", margin_s=dt, after_s=ramp))
     return out
 
 
@@ -495,15 +507,80 @@ def _phase_pass(
     labels: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
+    *,
+    edges: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float], np.ndarray]:
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
+    idle = np.isin(labels, list(IDLE_PHASES))
     lo, hi = _band(times, level, slack, settings.tolerance_s)
     # Foreign work only adds to an idle GPU; a lower idle reading is nobody's episode.
-    lo = np.where(np.isin(labels, list(IDLE_PHASES)), -np.inf, lo)
+    lo = np.where(idle, -np.inf, lo)
     dev = np.where(values > hi, values - hi, np.where(values < lo, values - lo, 0.0))
-    return level, lo, hi, dev, _setup_band(labels, level, slack), slack
+    setup = _setup_band(labels, level, slack)
+    if edges:
+        dev = _either_side(
+            times, values, keys, idle, level, slack, dev, setup, settings.tolerance_s
+        )
+    return level, lo, hi, dev, setup, slack
+
+
+def _either_side(
+    times: np.ndarray,
+    values: np.ndarray,
+    keys: np.ndarray,
+    idle: np.ndarray,
+    level: np.ndarray,
+    slack: np.ndarray,
+    dev: np.ndarray,
+    setup: tuple[float, float],
+    half_width_s: float,
+) -> np.ndarray:
+    """Near a phase boundary a reading belongs to one side or the other, or is on its way
+    between them: it is held against the band of each regime present (their union), and only
+    a reading still moving (a neighbour more than its band away) gets the whole span between
+    them (their hull, `dev` as given).
+
+    The hull let a burst that held the readings between two levels pass as the boundary: a
+    +15% burst over SSD's last 5 s of eval (3.6 -> 4.2 kW, training at 7 kW) and one over
+    DLRM's ramp down to its post-run floor (3.2-3.4 kW for 6 s, training at 7.1 kW, idle at
+    2.7) lay inside it. A real transition is a ramp: its readings move, they do not stay.
+    Where the node's idle meets the run (init starting, the run ending) the job's setup level
+    is a side too: DLRM's own teardown holds its init level (2.7 kW) for 6 s after run_stop
+    before the node drops to its floor.
+    """
+    step = np.abs(np.diff(values))
+    moving = np.zeros(values.shape, bool)
+    moving[1:] |= step > slack[1:]
+    moving[:-1] |= step > slack[:-1]
+    left = np.searchsorted(times, times - half_width_s, side="left")
+    right = np.searchsorted(times, times + half_width_s, side="right")
+    lo_src = np.where(idle, -np.inf, level - slack)
+    hi_src = level + slack
+    out = dev.copy()
+    # Whether another regime lies within reach: a change of key between the window's ends.
+    changes = np.concatenate(([0], np.cumsum(keys[1:] != keys[:-1])))
+    mixed = changes[right - 1] > changes[left]
+    # Readings inside the hull, settled, near a boundary: a handful per boundary, so the loop
+    # stays cheap.
+    for i in np.flatnonzero((dev == 0) & ~moving & mixed):
+        a, b = left[i], right[i]
+        near = keys[a:b]
+        v = values[i]
+        best = np.inf
+        bands = []
+        for key in np.unique(near):
+            own = near == key
+            bands.append((lo_src[a:b][own].min(), hi_src[a:b][own].max()))
+        if idle[a:b].any() and not idle[a:b].all() and np.isfinite(setup[1]):
+            bands.append(setup)
+        for band_lo, band_hi in bands:
+            gap = v - band_hi if v > band_hi else (v - band_lo if v < band_lo else 0.0)
+            if abs(gap) < abs(best):
+                best = gap
+        out[i] = best
+    return out
 
 
 def _setup_band(labels: np.ndarray, level: np.ndarray, slack: np.ndarray) -> tuple[float, float]:
@@ -721,7 +798,9 @@ def _covered(t: np.ndarray, marks: Sequence[Mark], tol: float) -> np.ndarray:
     covered = np.zeros(t.shape, bool)
     for m in marks:
         pad = tol if m.margin_s is None else m.margin_s
-        covered |= (t >= m.time - m.before_s - pad) & (t <= m.time + pad)
+        start = t >= m.time - m.before_s - pad
+        end = t <= m.time + pad if m.after_s is None else t < m.time + m.after_s
+        covered |= start & end
     return covered
 
 
@@ -810,9 +889,11 @@ def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
     def pad(m: Mark) -> float:
         return tol if m.margin_s is None else m.margin_s
 
-    near = [
-        m.kind for m in marks if m.time + pad(m) >= start and m.time - m.before_s - pad(m) <= end
-    ]
+    def reaches(m: Mark) -> bool:
+        # Its window reaches the episode's start (after_s: an exclusive end).
+        return m.time + pad(m) >= start if m.after_s is None else m.time + m.after_s > start
+
+    near = [m.kind for m in marks if reaches(m) and m.time - m.before_s - pad(m) <= end]
     return ", ".join(sorted(set(near))) or "phase change"
 
 
