@@ -165,7 +165,10 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
             centred = means - nanmedian(means, axis=0)
             spread = 1.4826 * nanmedian(np.abs(centred), axis=0)
             longrun = np.fmax(longrun, spread * np.sqrt(b))
-            mean_sq[i] = np.nanmean(centred**2, axis=0) * b
+            # Winsorised at a few of the pooled MADs: a moderate heavy tail is noise a CUSUM
+            # must beat, a straggler episode in the history (job 1's rank 6) is not.
+            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * float(np.nanmedian(np.abs(centred)))
+            mean_sq[i] = np.nanmean(np.clip(centred, -cut, cut) ** 2, axis=0) * b
         elif i > 0:
             # Too few rows for this block: extrapolate (STRAGGLER_NOISE_GROWTH_EXP says why
             # not as a random walk). Extrapolating at the growth seen between shorter blocks of

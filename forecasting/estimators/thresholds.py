@@ -297,6 +297,10 @@ STRAGGLER_NOISE_GROWTH_EXP = 0.4
 # host), not sampling error: it keeps its own; the other ranks share the pool's. Three: in a
 # job whose ranks share their noise about one rank in 700 keeps its own, by chance.
 STRAGGLER_NOISE_OUTLIER_SE = 3.0
+# The pool's long-run noise is the root mean square of the ranks' block means, each clipped at
+# this many of their pooled (MAD) spreads: the normal's variance loses 1% to it, a straggler
+# episode in the history (a block mean many spreads out) adds no more than a moderate tail.
+STRAGGLER_WINSOR_MADS = 3.0
 # Floor on the relative noise: timers resolve ~0.1%, and a perfectly steady rank must not make a
 # 0.01% wobble an alarm.
 STRAGGLER_MIN_NOISE = 0.003
