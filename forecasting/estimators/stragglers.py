@@ -138,12 +138,17 @@ class Scan:
     start_end: np.ndarray  # (CUSUMs, series): where each CUSUM's excursion began, last row
 
 
-def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
+def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Noise of a shift that lasts b rows, for each block length b: the spread of b-row moving
     means x sqrt(b), and never less than at shorter blocks. Rows are autocorrelated and ranks
     of a shared cluster wander (a rank's level drifts 5-9% over tens of rows in the trace), so
-    the noise a slow, small shift must beat is larger than the row noise says."""
+    the noise a slow, small shift must beat is larger than the row noise says.
+
+    Returns it (blocks x series), and the mean square of each series' block means x b (batch
+    means: NaN where the block is too long to measure; `_pooled_noise` pools them).
+    """
     out = np.empty((len(th.STRAGGLER_BLOCK_ROWS), dev.shape[1]))
+    mean_sq = np.full_like(out, np.nan)
     longrun = point * 1.5
     filled = np.where(np.isfinite(dev), dev, 0.0)
     csum = np.concatenate((np.zeros((1, dev.shape[1])), np.cumsum(filled, axis=0)), axis=0)
@@ -157,8 +162,13 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
             step = max(1, b // 4, (dev.shape[0] - b + 1) // th.STRAGGLER_LEVEL_MAX_ROWS)
             at = np.arange(0, dev.shape[0] - b + 1, step)
             means = (csum[at + b] - csum[at]) / b
-            spread = 1.4826 * nanmedian(np.abs(means - nanmedian(means, axis=0)), axis=0)
+            centred = means - nanmedian(means, axis=0)
+            spread = 1.4826 * nanmedian(np.abs(centred), axis=0)
             longrun = np.fmax(longrun, spread * np.sqrt(b))
+            # Winsorised at a few of the pooled MADs: a moderate heavy tail is noise a CUSUM
+            # must beat, a straggler episode in the history (job 1's rank 6) is not.
+            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * float(np.nanmedian(np.abs(centred)))
+            mean_sq[i] = np.nanmean(np.clip(centred, -cut, cut) ** 2, axis=0) * b
         elif i > 0:
             # Too few rows for this block: extrapolate (STRAGGLER_NOISE_GROWTH_EXP says why
             # not as a random walk). Extrapolating at the growth seen between shorter blocks of
@@ -167,7 +177,77 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> np.ndarray:
             growth = (b / th.STRAGGLER_BLOCK_ROWS[i - 1]) ** th.STRAGGLER_NOISE_GROWTH_EXP
             longrun = longrun * growth
         out[i] = longrun
-    return out
+    return out, mean_sq
+
+
+def _pooled_noise(
+    longrun: np.ndarray, mean_sq: np.ndarray, point: np.ndarray, rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each series' long-run noise (blocks x series) from the pool's, and the pool's (blocks).
+
+    Ranks of one job, read in its cross-rank scale, share their noise, and a series' own
+    long-run noise from a dozen block means is mostly sampling error (its log is off by ~1.17 /
+    sqrt(1.5 rows / b), a MAD's over overlapping means, which are worth ~1.5x as many
+    independent ones: Meketon & Schmeiser 1984). It was the larger of its own and the pool's
+    median: the maximum of the pool and a noisy estimate sits above the noise for half the
+    series by their sampling error, and the thresholds go with its square. Now:
+
+    - The pool is the root mean square of the block means of the series that share it (batch
+      means), never less than at shorter blocks nor than the series' median MAD; a block too
+      long to measure is extrapolated from the longest measured as the MADs are. A CUSUM sums
+      the rows, so its threshold needs the variance of block means, which a MAD reads right
+      only for normal ones (the synthetic worlds' have 2-12% more spread than their MAD).
+    - A series differs from the pool by what its row noise (`point`, from every row: a far
+      smaller sampling error) says beyond sampling error, empirical Bayes on the log noise
+      (James-Stein): the series' log row noises spread by tau (robustly), only the excess
+      tau^2 - se^2 is real, and each keeps that share of its distance to the middle. The
+      long-run / row noise ratio (the autocorrelation) is the pool's.
+    - A series more than STRAGGLER_NOISE_OUTLIER_SE standard errors noisier than the middle,
+      in its row noise or in its own long-run noise, is truly noisier (a noisy host: a
+      minority the robust tau does not see) and keeps the larger of its own and the pool's
+      scaled by its row noise, as robust empirical Bayes gives outlying variances their own
+      (Phipson et al. 2016).
+    """
+    out = np.full_like(longrun, np.nan)
+    pool = np.full(longrun.shape[0], np.nan)
+    zp = np.log(point)
+    okp = np.isfinite(zp)
+    measured = [b for b in th.STRAGGLER_BLOCK_ROWS if rows >= 3 * b]
+    if okp.sum() < 3 or not measured:
+        # Too few series (or rows) to tell noise from sampling error: as before.
+        pool = np.nanmedian(longrun, axis=1)
+        return np.fmax(longrun, pool[:, None]), pool
+    midp = float(np.median(zp[okp]))
+    # Rows are autocorrelated: they are worth (row noise / 8-row noise)^2 as many independent.
+    g2 = max(1.0, float(np.nanmedian(longrun[0]) / np.exp(midp)) ** 2)
+    se_p = th.STRAGGLER_MAD_EFFICIENCY * np.sqrt(g2 / min(rows, th.STRAGGLER_LEVEL_MAX_ROWS))
+    loud_p = okp & (zp - midp > th.STRAGGLER_NOISE_OUTLIER_SE * se_p)
+    tau2 = (1.4826 * float(np.median(np.abs(zp[okp & ~loud_p] - midp)))) ** 2
+    keep = max(0.0, tau2 - se_p**2) / tau2 if tau2 > 0 else 0.0
+    rel = np.exp(np.where(okp, zp - midp, 0.0))
+    pooled = 1.5 * float(np.exp(midp))
+    for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
+        z = np.log(longrun[i])
+        ok = np.isfinite(z)
+        if not ok.any():
+            continue
+        mid = float(np.median(z[ok]))
+        # An extrapolated block is its longest measured block's noise times a constant: the
+        # same sampling error.
+        se = th.STRAGGLER_MAD_EFFICIENCY * np.sqrt(min(b, measured[-1]) / (1.5 * rows))
+        loud = ok & (loud_p | (z - mid > th.STRAGGLER_NOISE_OUTLIER_SE * se))
+        shared = ok & ~loud
+        if b in measured:
+            pooled = max(pooled, float(np.sqrt(np.nanmean(mean_sq[i, shared]))))
+        elif i > 0:
+            growth = (b / th.STRAGGLER_BLOCK_ROWS[i - 1]) ** th.STRAGGLER_NOISE_GROWTH_EXP
+            pooled *= growth
+        pooled = max(pooled, float(np.exp(mid)))
+        pool[i] = pooled
+        own = pool[i] * rel**keep
+        out[i] = np.where(loud, np.fmax(longrun[i], pool[i] * rel), own)
+        out[i] = np.where(ok, out[i], np.nan)
+    return out, pool
 
 
 def _subsample(x: np.ndarray) -> np.ndarray:
@@ -215,14 +295,10 @@ def _level_and_noise(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.n
         # noise much less, so the history's noise stays a fair guide to the rows ahead.
         u = (x - level) / scale[:, None]
         point = 1.4826 * nanmedian(np.abs(_subsample(u)), axis=0)
-        longrun = _longrun_noise(u, point)
-        # Pooled over series: a dozen blocks per series is a noisy scale, and the ranks of one
-        # job share their noise; a series noisier than the pool keeps its own (fewer false
-        # alarms, at the cost of a slower alarm on that series).
-        pooled = np.nanmedian(longrun, axis=1, keepdims=True)
+        longrun, pooled = _pooled_noise(*_longrun_noise(u, point), point, u.shape[0])
         pooled_point = np.nanmedian(point)
-    pooled = np.where(np.isfinite(pooled), pooled, floor)
-    sigma = np.fmax(np.fmax(longrun, pooled), floor)
+    pooled = np.where(np.isfinite(pooled), pooled, floor)[:, None]
+    sigma = np.fmax(longrun, floor)
     sigma = np.where(np.isfinite(sigma), sigma, pooled)
     point = np.fmax(np.fmax(point, pooled_point), floor)
     point = np.where(np.isfinite(point), point, floor)

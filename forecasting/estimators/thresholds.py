@@ -292,6 +292,15 @@ STRAGGLER_BLOCK_ROWS = (8, 16, 32, 64)
 # injections at the same false alarms; 0.3 (job 1's mean growth) alarms more in clean 64-rank
 # worlds (14 alarms against 6 on seed 1) and 0.2 exceeds the budget (1.7 per job-day).
 STRAGGLER_NOISE_GROWTH_EXP = 0.4
+# A rank's own long-run noise more than this many of its standard errors (sampling error of a
+# MAD over its block means) above the ranks' middle is truly noisier than the rest (a noisy
+# host), not sampling error: it keeps its own; the other ranks share the pool's. Three: in a
+# job whose ranks share their noise about one rank in 700 keeps its own, by chance.
+STRAGGLER_NOISE_OUTLIER_SE = 3.0
+# The pool's long-run noise is the root mean square of the ranks' block means, each clipped at
+# this many of their pooled (MAD) spreads: the normal's variance loses 1% to it, a straggler
+# episode in the history (a block mean many spreads out) adds no more than a moderate tail.
+STRAGGLER_WINSOR_MADS = 3.0
 # Floor on the relative noise: timers resolve ~0.1%, and a perfectly steady rank must not make a
 # 0.01% wobble an alarm.
 STRAGGLER_MIN_NOISE = 0.003

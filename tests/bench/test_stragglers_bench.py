@@ -9,7 +9,7 @@ import pytest
 
 from bench.stragglers import __main__ as cli
 from bench.stragglers import data
-from bench.stragglers.score import oracle_delay, rows_needed
+from bench.stragglers.score import Truth, oracle_delay, rows_needed
 
 RANKS = Path(os.environ.get("RUNCAST_RANKS", "/work/shared/data/ranks"))
 needs_ranks = pytest.mark.skipif(
@@ -76,3 +76,45 @@ def test_the_json_line_has_the_oracle_beside_runcast(capsys: pytest.CaptureFixtu
     shares = result["oracle_clean_alarm_share_by_slowdown"]
     assert set(shares) == {"2", "5", "10", "20"}
     assert all(v is None or 0.0 <= v <= 1.0 for v in shares.values())
+
+
+def test_the_bound_runs_the_oracle_on_every_scored_trial() -> None:
+    # White noise of 5% over 2,000 rows: a 2% shift needs ~170 rows of the oracle. From row
+    # 1,000 it has 1,000; from row 1,990 it has 10. Both are scored (the bound is over every
+    # trial, not only the findable ones), the second as unfindable; an ineligible one is not.
+    rng = np.random.default_rng(0)
+    clean = 0.05 * rng.standard_normal(2000)
+    tally = cli.Tally()
+    for onset in (1000, 1990):
+        slowed = clean.copy()
+        slowed[onset:] += np.log(1.02)
+        truth = Truth(rank=0, onset=onset)
+        cli._bound(tally, "w", slowed, clean, 1.02, 8640.0, 64, truth, 2000 - onset)
+    skipped = Truth(rank=0, onset=1000, eligible=False)
+    cli._bound(tally, "w", clean, clean, 1.02, 8640.0, 64, skipped, 1000)
+    assert tally.trials("oracle")["2"] == 2
+    assert tally.recall("oracle")["2"] == 0.5  # found with 1,000 rows left, not with 10
+    assert tally.recall("unfindable")["2"] == 0.5
+    assert tally.recall("oracle_clean")["2"] == 0.0
+    # The stress set stays out of the pooled figures, as it does for the detectors.
+    cli._bound(tally, "synth_stress_rank", clean, clean, 1.02, 8640.0, 64, Truth(rank=0), 2000)
+    assert tally.trials("oracle")["2"] == 2
+
+
+@needs_ranks
+def test_the_json_line_has_the_bound_beside_runcast(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--data", str(RANKS), "--limit", "1", "--sizes", "64", "--cells", "19200"]
+    assert cli.main([*argv, "--json", "--skip-cost"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("the bound:") for line in out)
+    result = json.loads(out[-1])
+    sizes = {"2", "5", "10", "20"}
+    for key in ("oracle_recall_by_slowdown", "unfindable_share_by_slowdown"):
+        assert set(result[key]) == sizes
+        assert all(v is None or 0.0 <= v <= 1.0 for v in result[key].values())
+    trials = result["scored_trials_by_slowdown"]
+    assert set(trials) == sizes and sum(trials.values()) > 0
+    # The findable trials are a subset of the scored ones.
+    assert all(result["findable_trials_by_slowdown"][s] <= trials[s] for s in sizes)
+    # A 20% slowdown of a real job's rank is far above its noise: the oracle finds it.
+    assert result["oracle_recall_by_slowdown"]["20"] > 0.5

@@ -8,6 +8,7 @@ import pytest
 
 from forecasting.estimators.stragglers import (
     StragglerReport,
+    _level_and_noise,
     detect_stragglers,
     nanmedian,
     scan,
@@ -268,4 +269,47 @@ def test_a_slowdown_soon_after_the_start_is_found_without_a_random_walk_noise() 
         found += 5 in got
         alarms += len(got - {5}) + len(detect_stragglers(steps, clean, HOSTS).stragglers)
     assert found >= 6
+    assert alarms == 0
+
+
+def test_ranks_that_share_their_noise_get_the_pools_not_their_sampling_error() -> None:
+    # 64 ranks of the same AR(1) noise over 2,000 rows: the spread of their own long-run noise
+    # estimates (a few dozen block means each) is sampling error. It was the larger of a rank's
+    # own and the pool's median, so half the ranks had their sampling error on top (thresholds
+    # up to ~30% higher). Each gets the pool's now.
+    _, compute = world(n=2000, ranks=64, noise=0.03, seed=7, ar=0.7)
+    x = _log_ratio(compute)
+    _, sigma, _ = _level_and_noise(x, np.full(x.shape[0], 0.03))
+    assert np.ptp(sigma, axis=1).max() < 1e-9 * sigma.max()
+
+
+def test_a_rank_truly_noisier_than_the_rest_keeps_its_own_noise() -> None:
+    # A host's 8 ranks with 3x the others' noise (a noisy host): their row noise is beyond
+    # sampling error, so they keep their own noise (about 2.5x the pool's), while the other
+    # ranks share the pool's. (In the first ~100 rows a group like this is not yet told from
+    # sampling error, as it was not before: see the docs' limits.)
+    _, compute = world(n=2000, ranks=64, noise=0.03, seed=8, ar=0.7)
+    _, loud = world(n=2000, ranks=64, noise=0.09, seed=9, ar=0.7)
+    compute[:, 16:24] = loud[:, 16:24]
+    x = _log_ratio(compute)
+    _, sigma, _ = _level_and_noise(x, np.full(x.shape[0], 0.03))
+    others = np.delete(sigma, np.s_[16:24], axis=1)
+    assert (sigma[:, 16:24].min(axis=1) > 2.0 * others.max(axis=1)).all()
+    assert np.ptp(others, axis=1).max() < 1e-9 * others.max()
+
+
+def test_a_3pct_slowdown_is_found_as_often_as_the_pooled_noise_allows() -> None:
+    # 600 rows of 32 ranks at 3% AR(1) noise, a 3% slowdown from row 400: with a rank's noise
+    # the larger of its own and the pool's, 12 of these 20 were found; with the pool's noise
+    # (its sampling error shrunk away) 15 are. The same clean jobs raise no alarm.
+    found = alarms = 0
+    for seed in range(20):
+        _, clean = world(n=600, noise=0.03, seed=seed)
+        compute = clean.copy()
+        compute[400:, 5] *= 1.03
+        above = scan(_log_ratio(compute), tests=36, rows_per_day=8640.0).above
+        found += bool(above[400:, 5].any())
+        alarms += bool(np.delete(above, 5, axis=1).any() or above[:400].any())
+        alarms += bool(scan(_log_ratio(clean), tests=36, rows_per_day=8640.0).above.any())
+    assert found >= 14
     assert alarms == 0
