@@ -271,28 +271,10 @@ def _rule_for(event: Event) -> Rule | None:
 def _passes_threshold(rule: Rule, event: Event) -> bool:
     if event.event == Flag.State.RESOLVED or event.rule_kind.passes is None:
         return True
-    if event.rule_kind.key == "slip" and not _deadline_rule_passes(event):
-        return False
     if rule.threshold is None:
         return True
     severity = event.flag.severity if event.flag is not None else None
     return event.rule_kind.passes(severity, event.data, rule.threshold)
-
-
-def _deadline_rule_passes(event: Event) -> bool:
-    """A slip of a run aimed at a cutoff carries the run's odds of making it: the lead's
-    question is the cutoff, so the slip alerts only when the deadline rule would alert on the
-    same odds (a finish 6 h later with the cutoff still 65% safe is not news at the default
-    0.5). Runs without a cutoff, and odds the forecast could not give, keep the slip's own
-    threshold."""
-    p = event.data.get("p_on_time")
-    if event.run.deadline_id is None or not isinstance(p, int | float):
-        return True
-    deadline = Rule.objects.filter(project=event.run.project, kind=BY_KEY["deadline"].key).first()
-    if deadline is None or deadline.threshold is None:
-        return True
-    passes = BY_KEY["deadline"].passes
-    return passes is None or passes(None, {"p_on_time": p}, deadline.threshold)
 
 
 def _channels_for(rule: Rule) -> list[Channel]:
@@ -354,12 +336,11 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
     the run's end says nothing more: the run-end message does.
     """
     history = Notification.objects.filter(run=event.run, channel=channel)
-
-    def raised_within_cooldown(**match: Any) -> Notification | None:
-        """The latest raise on this channel matching `match`, sent or due, in the cooldown."""
-        return (
+    if event.event in RAISES:
+        # The latest raise of this rule on this channel, sent or due, within the cooldown.
+        recent = (
             history.filter(
-                **match,
+                rule_kind=rule.kind,
                 event__in=RAISES,
                 status__in=ACTIVE,
                 created_at__gte=event.at - rule.cooldown,
@@ -368,21 +349,9 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             .order_by("-created_at")
             .first()
         )
-
-    if event.event in RAISES:
-        recent = raised_within_cooldown(rule_kind=rule.kind)
         if recent is not None:
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
-        if rule.kind == BY_KEY["slip"].key and event.run.deadline_id is not None:
-            # For a run aimed at a cutoff the slip is the why of its deadline flag (raised only
-            # with it, alerting at its odds): the deadline alert already says so, and a second
-            # message for the same worry is what a lead learns to mute (a healthy Nemotron run's
-            # one slow step sent both).
-            said = raised_within_cooldown(kind=Flag.Kind.DEADLINE)
-            if said is not None:
-                sent = f"{said.created_at:%m-%d %H:%M} UTC"
-                return S.SUPPRESSED, f"the deadline alert at {sent} says it: the slip is its why"
         return S.PENDING, ""
     if event.event == Flag.State.RESOLVED:
         same_kind = history.filter(kind=event.kind)

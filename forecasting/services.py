@@ -308,20 +308,6 @@ def _sustained(
             back = covered and not any(kind in s for s in seen)
         if not back:  # still open: the same condition, so no new row
             out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
-    if run.deadline_id is not None:
-        # For a run aimed at a cutoff the slip is the why of a deadline flag, not news of its
-        # own: one computation's odds under 90% lets the slip be computed, but it is reported
-        # only while the deadline flag itself (sustained, with its hysteresis) is open, and it
-        # carries the odds so that its alert can follow the deadline rule's threshold.
-        if Flag.Kind.DEADLINE not in {c.kind for c in out}:
-            out = [c for c in out if c.kind != Flag.Kind.SLIP]
-        elif odds is not None:
-            out = [
-                replace(c, data={**c.data, "p_on_time": odds})
-                if c.kind == Flag.Kind.SLIP and "p_on_time" not in c.data
-                else c
-                for c in out
-            ]
     return out
 
 
@@ -378,10 +364,21 @@ def _eta_and_deadline(
     if run.deadline is None:
         return _slip_condition(run=run, now=now), None
     conditions, odds = _deadline_condition(run=run, eta=eta, last_step=last_step, now=now)
+    # For a run aimed at a cutoff the lead's question is the cutoff: a slipping ETA is not a
+    # flag of its own but the why of the deadline flag, said in it while the cutoff is at risk
+    # (a slip that leaves it safe is nothing a lead would act on; the ETA chart shows it). Two
+    # flags for one worry sent two messages for a healthy Nemotron run's one slow step, and
+    # keeping them apart took three special cases (issue 9).
     if conditions:
-        # For a run aimed at a cutoff, a slipping ETA is news only while the cutoff is at risk:
-        # a slip that leaves it safe is nothing a lead would act on (the ETA chart shows it).
-        conditions += _slip_condition(run=run, now=now)
+        slip = _slip_condition(run=run, now=now)
+        if slip:
+            deadline = conditions[0]
+            why = slip[0].explanation.removeprefix("ETA slipping ")
+            conditions[0] = replace(
+                deadline,
+                explanation=f"{deadline.explanation}; {why}",
+                data={**deadline.data, "slip": slip[0].data},
+            )
     return conditions, odds
 
 

@@ -13,7 +13,7 @@ from alerts import services, tasks
 from alerts.models import Channel, Notification, Rule
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
-from tracker.models import Deadline, Project, Run
+from tracker.models import Project, Run
 from tracker.services import run_finish
 
 S = Notification.Status
@@ -157,13 +157,6 @@ def _slip(run: Run, hours: float, state: str = Flag.State.RAISED, **data: Any) -
     flag_raise(run, "slip", state=state, severity=amount, onset_step=None, data={**slipped, **data})
 
 
-def _aim_at_cutoff(run: Run) -> None:
-    run.deadline = Deadline.objects.create(
-        project=run.project, slug="cutoff", name="cutoff", cutoff=timezone.now()
-    )
-    run.save(update_fields=["deadline"])
-
-
 def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
     _slip(run, 2)
     services.flags_dispatch()
@@ -174,38 +167,10 @@ def test_it_applies_the_slip_threshold(run: Run, channels: Any) -> None:
     assert Notification.objects.count() == 2
 
 
-def test_a_slip_of_a_run_aimed_at_a_cutoff_follows_the_deadline_threshold(
-    run: Run, channels: Any
-) -> None:
-    # A healthy run's ETA jumped 6 h (one slow step) while its cutoff stayed 65% safe: the
-    # slip rule's 3 h passes, but the lead's question is the cutoff (deadline rule: below 50%).
-    _aim_at_cutoff(run)
-    _slip(run, 6, p_on_time=0.65)
-    services.flags_dispatch()
-    assert Notification.objects.count() == 0
-
-    _slip(run, 8, state=Flag.State.UPDATED, p_on_time=0.3)
-    services.flags_dispatch()
-    assert Notification.objects.count() == 2  # email and Slack
-
-
-def test_a_slip_of_a_run_aimed_at_a_cutoff_is_said_by_its_deadline_alert(
-    run: Run, channels: Any
-) -> None:
-    # A healthy Nemotron run's one slow step (issue 9's flag stream): the deadline flag at 39%
-    # and its slip (+10.5 h) were two messages for one worry. The slip is the deadline's why.
-    _aim_at_cutoff(run)
-    flag_raise(run, "deadline", severity=0.61, onset_step=None, data={"p_on_time": 0.39})
-    _slip(run, 10.5, p_on_time=0.39)
-    services.flags_dispatch()
-    sent = Notification.objects.exclude(status=Notification.Status.SUPPRESSED)
-    assert sorted(sent.values_list("kind", flat=True)) == ["deadline", "deadline"]  # email, Slack
-    slips = Notification.objects.filter(kind="slip")
-    assert slips.count() == 2 and all("deadline alert" in n.reason for n in slips)
-
-
-def test_a_slip_without_a_cutoff_keeps_its_own_threshold(run: Run, channels: Any) -> None:
-    _slip(run, 6, p_on_time=0.65)
+def test_a_slip_alerts_on_its_own_threshold(run: Run, channels: Any) -> None:
+    # Only runs without a cutoff have slip flags (a run aimed at one says its slip in its
+    # deadline flag): 6 h is over the rule's 3 h.
+    _slip(run, 6)
     services.flags_dispatch()
     assert Notification.objects.count() == 2
 

@@ -191,25 +191,6 @@ def test_a_deadline_flag_resolves_only_when_the_odds_hold_across_new_reports(pro
     assert "deadline" not in open_flags
 
 
-def test_a_slip_on_a_run_with_a_cutoff_is_news_only_with_its_deadline_flag(project):
-    from tracker.models import Deadline
-
-    Deadline.objects.create(project=project, slug="eval", name="eval", cutoff=at(90_000))
-    run = make_run(project, deadline="eval")
-    run.started_at = at(0)
-    run.save()
-    slip = services.Condition("slip", "ETA slipping", 3600.0, None, {"amount_s": 3600.0})
-    t = 1000.0
-    for k in range(12):  # the odds dip under 90% now and then: the deadline flag stays shut
-        open_flags = sync(run, [*_odds(run, t, 0.6 if k % 2 else 0.92), slip], t)
-        t += 15
-    assert "deadline" not in open_flags and "slip" not in open_flags
-    for _ in range(6):  # the odds stay under 90%: the deadline opens, and the slip with it
-        open_flags = sync(run, [*_odds(run, t, 0.6), slip], t)
-        t += 15
-    assert "deadline" in open_flags and "slip" in open_flags
-
-
 def test_silence_while_the_server_was_down_is_not_the_runs() -> None:
     beats = np.arange(0.0, 600.0, 15.0)
     # Heard last at 585 s; the server was down from ~600 s to 1,200 s and is back since then.

@@ -179,6 +179,23 @@ def test_it_flags_a_slipping_eta(project):
     assert "slip" in flag.explanation
 
 
+def test_a_run_aimed_at_a_cutoff_has_one_flag_whose_why_is_its_slip(project):
+    """The lead's question is the cutoff: a slipping ETA that puts it at risk is said in the
+    deadline flag (one flag, one message), not as a slip flag of its own."""
+    Deadline.objects.create(
+        project=project, slug="eval", name="blind eval", cutoff=at(26_000), buffer=timedelta(0)
+    )
+    run = make_run(project, total=20_000, deadline="eval")
+    steps = np.arange(2000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(2000))
+    halve_pace(run)  # 18,000 steps at 2 s: a finish near 38,000 s, the cutoff at 26,000 s
+    assert not Flag.objects.filter(run=run, kind="slip").exists()
+    flag = Flag.objects.get(run=run, kind="deadline", state="raised")
+    assert "blind eval" in flag.explanation and "slipped from" in flag.explanation
+    assert flag.data["slip"]["amount_s"] > 3600
+
+
 def test_it_marks_a_silent_run_crashed(project):
     run = make_run(project)
     for i in range(20):
