@@ -16,7 +16,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from alerts import conf
@@ -352,6 +352,15 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
         if recent is not None:
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
+        said = (
+            _said_this_episode(event=event, history=history, rule=rule)
+            if event.event == Flag.State.UPDATED
+            else None
+        )
+        then = said.flag.data if said is not None and said.flag is not None else None
+        if said is not None and then is not None and _worse(event.kind, event.data, then) is False:
+            sent = f"{said.created_at:%m-%d %H:%M} UTC"
+            return S.SUPPRESSED, f"no worse than the alert at {sent}"
         return S.PENDING, ""
     if event.event == Flag.State.RESOLVED:
         same_kind = history.filter(kind=event.kind)
@@ -369,6 +378,58 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             return S.SUPPRESSED, "raised and resolved before either went out: nothing to say"
         return S.PENDING, ""
     return S.PENDING, ""
+
+
+def _said_this_episode(
+    *, event: Event, history: QuerySet[Notification], rule: Rule
+) -> Notification | None:
+    """The latest raise of this rule on this channel (sent or due, with its flag) since the
+    flag was raised."""
+    if event.flag is None:
+        return None
+    raised = (
+        Flag.objects.filter(
+            run=event.run,
+            kind=event.kind,
+            state=Flag.State.RAISED,
+            created_at__lte=event.flag.created_at,
+        )
+        .order_by("-created_at", "-id")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if raised is None:
+        return None
+    return (
+        history.filter(
+            rule_kind=rule.kind,
+            event__in=RAISES,
+            status__in=ACTIVE,
+            created_at__gte=raised,
+            flag__isnull=False,
+        )
+        .select_related("flag")
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
+def _worse(kind: str, now: dict[str, Any], then: dict[str, Any]) -> bool | None:
+    """Whether an open flag's update is worse than what its last alert said; None for kinds
+    with no such order. A deadline whose odds crossed a band upwards (16% -> 25%), or hovered
+    about a band's edge, wrote an update the page must show; alerting it again told a lead the
+    run was "at 25%" as news (a 9.6-hour slowdown replay sent four deadline messages)."""
+    keys: dict[str, tuple[str, float]] = {
+        Flag.Kind.DEADLINE: ("p_on_time", -1.0),  # lower odds of making the cutoff
+        Flag.Kind.SLIP: ("amount_s", 1.0),  # a longer slip
+    }
+    if kind not in keys:
+        return None
+    key, sign = keys[kind]
+    a, b = now.get(key), then.get(key)
+    if not isinstance(a, int | float) or not isinstance(b, int | float):
+        return None
+    return sign * (a - b) > 0
 
 
 # --- delivery ---------------------------------------------------------------------------------

@@ -194,6 +194,36 @@ def test_it_applies_the_deadline_probability_threshold(run: Run, channels: Any) 
     assert Notification.objects.count() == 2
 
 
+def test_an_update_no_worse_than_its_alert_is_not_sent_again(run: Run, channels: Any) -> None:
+    # A 9.6-hour slowdown replay: raised at 16% on time, then the odds crossed the 25% band
+    # upwards and hovered about it. The page shows each update; a lead gets the ones that are
+    # worse than what the last alert said, whatever the cooldown.
+    t0 = timezone.now() - timedelta(hours=12)
+    for hours, p, state in ((0, 0.16, "raised"), (3, 0.25, "updated"), (6, 0.1, "updated")):
+        flag_raise(
+            run,
+            "deadline",
+            state=state,
+            severity=1 - p,
+            onset_step=None,
+            data={"p_on_time": p},
+            created_at=t0 + timedelta(hours=hours),
+        )
+        services.flags_dispatch()
+        Notification.objects.filter(status=S.PENDING).update(status=S.SENT, tries=1)
+    got = list(
+        Notification.objects.filter(channel=channels[0])
+        .order_by("created_at")
+        .values_list("event", "status", "reason")
+    )
+    assert [g[:2] for g in got] == [
+        ("raised", S.SENT),
+        ("updated", S.SUPPRESSED),
+        ("updated", S.SENT),
+    ]
+    assert got[1][2].startswith("no worse than the alert at")
+
+
 def test_it_suppresses_a_flapping_flag_within_the_cooldown(
     run: Run,
     channels: Any,
