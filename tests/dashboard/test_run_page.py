@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tests.dashboard.factories import flag, forecast_set, make_run
+from tests.dashboard.factories import flag, forecast, forecast_set, make_run
 from tracker.models import Event
 from tracker.selectors import throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
@@ -165,3 +165,16 @@ def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, proj
     client.force_login(member)
     page = client.get(f"/runs/{project.slug}/late/summary/").content.decode()
     assert "15% likely" in page and "Now 15% likely" in page
+
+
+@pytest.mark.parametrize(
+    ("key", "title"), [("loss", "<h4>Loss</h4>"), ("val_loss", "Loss · val_loss")]
+)
+def test_the_loss_card_names_its_key_only_when_it_is_not_loss(client, member, project, key, title):
+    # The demo's cards read "LOSS · LOSS": the key said again in the title (the service stores
+    # the forecast key beside the estimator's figures).
+    run = make_run(project, "k", points=10)
+    forecast(run, "loss", timezone.now(), p10=2.9, p50=3.0, p90=3.1, smoothed_last=3.2, key=key)
+    client.force_login(member)
+    page = client.get(f"/runs/{project.slug}/k/summary/").content.decode()
+    assert title in page and "Loss · loss" not in page
