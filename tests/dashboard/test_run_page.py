@@ -178,3 +178,19 @@ def test_the_loss_card_names_its_key_only_when_it_is_not_loss(client, member, pr
     client.force_login(member)
     page = client.get(f"/runs/{project.slug}/k/summary/").content.decode()
     assert title in page and "Loss · loss" not in page
+
+
+def test_an_ended_run_is_not_told_to_aim_at_a_deadline(client, member, project):
+    # "no deadline · aim it with runcast.init(deadline=…)" is advice for a run still to start or
+    # running; on a finished run it only says there was no deadline.
+    run = make_run(project, "done", points=10)
+    run.status, run.ended_at = "finished", timezone.now()
+    run.save(update_fields=["status", "ended_at"])
+    client.force_login(member)
+    page = client.get(f"/runs/{project.slug}/done/summary/").content.decode()
+    assert "no deadline" in page and "runcast.init(deadline" not in page
+    make_run(project, "live", points=10)
+    assert (
+        "runcast.init(deadline"
+        in client.get(f"/runs/{project.slug}/live/summary/").content.decode()
+    )
