@@ -228,6 +228,17 @@ def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
     )
 
 
+def headline_for(notification: Notification) -> str:
+    """The one-line headline a channel gets for this notification, without rendering the
+    bodies (the history page lists it for rows that have no flag to explain them)."""
+    n = notification
+    at = n.flag.created_at if n.flag is not None else (n.run.ended_at or n.created_at)
+    ctx = context_for(
+        run=n.run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at
+    )
+    return " ".join(render_to_string("alerts/headline.txt", ctx).split())
+
+
 def message_for(notification: Notification) -> Message:
     n = notification
     run = n.run

@@ -303,3 +303,22 @@ def test_the_history_shows_what_would_have_been_sent_without_a_channel(
     page = client.get("/projects/llm/alerts/").content.decode()
     assert "Loss became NaN/Inf at step 10,000." in page
     assert "not sent: no channel" in page
+
+
+def test_the_history_says_what_a_run_end_message_says_and_when_in_the_viewers_zone(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo's drill crashed; its history row read "the run failed" (the rule's name), while the
+    # message a channel gets says "crashed at step ...". And the page printed its times in UTC
+    # under a header that says "times in Europe/Berlin".
+    from django.utils import timezone
+
+    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_085
+    run.save(update_fields=["status", "ended_at", "last_step"])
+    services.run_end_dispatch(run_id=run.id)
+    client.force_login(viewer)
+    for url in ("/projects/llm/alerts/", f"/runs/llm/{run.public_id}/alerts/"):
+        page = client.get(url).content.decode()
+        assert "the run failed" not in page
+        assert f"{run} crashed at step 10,085" in page
+        assert "When (UTC)" not in page and '<time data-fmt="when" datetime="' in page
