@@ -145,6 +145,34 @@ def test_board_run_page_and_zoom(page: Any) -> None:
     assert len(xs) > 10 and max(xs) - min(xs) < 0.2 * 11_200
 
 
+# Tick labels that overlap a neighbour, and cells whose text is cut off (ellipsis or clipped).
+BOARD_CROWDING_JS = """() => {
+  const out = [];
+  document.querySelectorAll(".axis").forEach((axis) => {
+    const r = [...axis.querySelectorAll(".tick")].map((t) => t.getBoundingClientRect());
+    for (let i = 1; i < r.length; i++) if (r[i].left < r[i - 1].right) out.push("ticks overlap");
+  });
+  const cells = ".lane-table td:not(.tl), .lane-table th:not(.tl-head)";
+  document.querySelectorAll(cells).forEach((c) => {
+    if (c.querySelector("a") || c.classList.contains("flags")) return;  // names truncate on purpose
+    if (c.scrollWidth > c.clientWidth + 1) out.push("cut: " + c.innerText.replace(/\\s+/g, " "));
+  });
+  return out;
+}"""
+
+
+def test_the_board_stays_readable_at_800px(page: Any) -> None:
+    # At 800 px the demo board cut its on-time chance to "8…" and piled the day ticks on each
+    # other ("Fri, Dec 4Sat, Dec 5Sun, ..."): the lane scrolls sideways instead of squeezing.
+    pg = page
+    pg.set_viewport_size({"width": 800, "height": 1000})
+    pg.reload()
+    pg.wait_for_selector("section.lane")
+    assert pg.evaluate(BOARD_CROWDING_JS) == []
+    # Sideways scrolling is the lane's own, not the page's.
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 800
+
+
 def test_create_a_deadline_and_a_token(page: Any) -> None:
     pg = page
     pg.goto(f"{pg.base}/projects/llm/deadlines/new/")
