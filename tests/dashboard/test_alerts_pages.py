@@ -322,3 +322,17 @@ def test_the_history_says_what_a_run_end_message_says_and_when_in_the_viewers_zo
         assert "the run failed" not in page
         assert f"{run} crashed at step 10,085" in page
         assert "When (UTC)" not in page and '<time data-fmt="when" datetime="' in page
+
+
+def test_the_rules_list_shows_each_threshold_in_force(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo's rules page showed a dash as every rule's threshold: the template asked
+    # `kind.passes`, a function, which the template language calls with no arguments (it fails,
+    # so it reads as empty). On call, "Deadline at risk" must say it alerts below 0.5.
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/rules/").content.decode()
+    row = next(r for r in page.split("<tr>") if "Deadline at risk" in r)
+    assert "0.5" in row and "chance of finishing by cutoff minus buffer" in row
+    row = next(r for r in page.split("<tr>") if "ETA slipped" in r)
+    assert "3.0" in row and "hours the P50 finish must have slipped" in row
