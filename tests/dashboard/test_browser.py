@@ -251,8 +251,8 @@ ZONE = r"(GMT[+-]\d{1,2}(:\d\d)?|UTC|[A-Z]{3,5})$"
 
 
 def _diverged_run(project: Any, now: Any) -> Run:
-    """A run 50 min old: warmup+cosine lr peaking at 1e-3, a loss that goes NaN/Inf at step
-    900, its NaN flag (onset 900, rollback to 800) and a single ETA forecast."""
+    """A run 50 min old: warmup+cosine lr peaking at 1e-3, a loss that goes NaN/Inf at steps
+    900-911, its NaN flag (onset 900, rollback to 800) and a single ETA forecast."""
     start = now.timestamp() - 50 * 60
     with forecasts_by_hand():
         started = run_start(
@@ -265,8 +265,8 @@ def _diverged_run(project: Any, now: Any) -> Run:
         steps = np.arange(1200, dtype=np.int64)
         times = start + 60 + steps * 2.0
         loss = 3.0 + np.exp(-steps / 300.0) + 0.05 * np.sin(steps / 7.0)
-        loss[900:906] = np.nan
-        loss[906] = np.inf
+        loss[900:911] = np.nan
+        loss[911] = np.inf
         lr = np.where(
             steps < 200, 1e-3 * steps / 200, 1e-3 * 0.5 * (1 + np.cos(np.pi * (steps - 200) / 2800))
         )
@@ -353,6 +353,9 @@ def test_nan_steps_and_the_divergence_onset_are_drawn_and_labelled(diverged: Any
     assert {"nonfinite", "onset", "rollback"} <= set(marks), drawn["marks"]
     assert abs(marks["nonfinite"]["x"] - drawn["x900"]) <= 2 * drawn["px"], drawn
     assert "NaN" in marks["nonfinite"]["label"] and "900" in marks["onset"]["label"]
+    # Twelve NaN/Inf steps: the note under the chart counts them, then names the first eight
+    # (it listed eight with no count, beside a chart label of 12 NaN/Inf).
+    assert "NaN/Inf at 12 steps, first 900, 901," in pg.inner_text("#info-loss")
     left, top, width, height = drawn["bbox"]
     labelled = [m for m in drawn["marks"] if m.get("box")]
     for m in labelled:  # every label inside the plot, none over another
