@@ -321,7 +321,7 @@ def test_the_history_says_what_a_run_end_message_says_and_when_in_the_viewers_zo
         page = client.get(url).content.decode()
         assert "the run failed" not in page
         assert f"{run} crashed at step 10,085" in page
-        assert "When (UTC)" not in page and '<time data-fmt="when" datetime="' in page
+        assert "When (UTC)" not in page and '<time data-fmt="local" datetime="' in page
 
 
 def test_the_rules_list_shows_each_threshold_in_force(
