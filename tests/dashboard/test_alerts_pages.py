@@ -336,3 +336,22 @@ def test_the_rules_list_shows_each_threshold_in_force(
     assert "0.5" in row and "chance of finishing by cutoff minus buffer" in row
     row = next(r for r in page.split("<tr>") if "ETA slipped" in r)
     assert "3.0" in row and "hours the P50 finish must have slipped" in row
+
+
+def test_a_run_end_row_keeps_saying_how_that_attempt_ended_after_a_resume(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo drill crashed, then resumed from its checkpoint: its "failed" row then read
+    # "<run> running at step 11,445 of 20,000", the run's state now, not the ending it records.
+    from django.utils import timezone
+
+    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_085
+    run.save(update_fields=["status", "ended_at", "last_step"])
+    services.run_end_dispatch(run_id=run.id)
+    run.status, run.ended_at, run.last_step = Run.Status.RUNNING, None, 11_445
+    run.current_segment += 1
+    run.save(update_fields=["status", "ended_at", "last_step", "current_segment"])
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/").content.decode()
+    assert f"{run} crashed" in page
+    assert "running at step" not in page and "11,445" not in page
