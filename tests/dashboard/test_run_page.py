@@ -194,3 +194,22 @@ def test_an_ended_run_is_not_told_to_aim_at_a_deadline(client, member, project):
         "runcast.init(deadline"
         in client.get(f"/runs/{project.slug}/live/summary/").content.decode()
     )
+
+
+def test_the_eta_history_mentions_a_cutoff_only_for_a_run_that_has_one(client, member, project):
+    # The demo drill has no deadline, yet its ETA history read "..., against the cutoff".
+    from tracker.settings_services import deadline_create
+
+    deadline = deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=timezone.now() + timezone.timedelta(hours=8),
+        timezone="UTC",
+        buffer=timezone.timedelta(0),
+    )
+    make_run(project, "free", points=10)
+    make_run(project, "aimed", points=10, deadline=deadline)
+    client.force_login(member)
+    assert "against the cutoff" not in client.get(f"/runs/{project.slug}/free/").content.decode()
+    assert "against the cutoff" in client.get(f"/runs/{project.slug}/aimed/").content.decode()
