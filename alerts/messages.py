@@ -228,6 +228,27 @@ def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
     )
 
 
+def headline_for(notification: Notification) -> str:
+    """The one-line headline a channel gets for this notification, without rendering the
+    bodies (the history page lists it for rows that have no flag to explain them).
+
+    A run-end row records one ending ("run:<pk>:<status>:<segment>"); the run may have resumed
+    or ended again since, and then its current step and status describe another attempt: the
+    row says only how that attempt ended."""
+    n = notification
+    parts = n.event_key.split(":")
+    if n.flag is None and n.event == "ended" and len(parts) == 4:
+        status, segment = parts[2], parts[3]
+        run = n.run
+        if not (run.has_ended and run.status == status and str(run.current_segment) == segment):
+            return f"{run} {status}"
+    at = n.flag.created_at if n.flag is not None else (n.run.ended_at or n.created_at)
+    ctx = context_for(
+        run=n.run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at
+    )
+    return " ".join(render_to_string("alerts/headline.txt", ctx).split())
+
+
 def message_for(notification: Notification) -> Message:
     n = notification
     run = n.run

@@ -402,7 +402,7 @@ def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
         return []
     return [
         Condition(
-            Flag.Kind.SLIP, f"ETA slipping {slip.explanation}", slip.amount_s, None, slip.to_dict()
+            Flag.Kind.SLIP, f"ETA slipping: {slip.explanation}", slip.amount_s, None, slip.to_dict()
         )
     ]
 

@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
@@ -41,7 +43,20 @@ def pct(value: float | None, digits: int = 0) -> str:
 def signed_pct(value: float | None) -> str:
     if value is None:
         return ""
-    return f"{value * 100:+.0f}%"
+    text = f"{value * 100:+.0f}%"
+    # -0.3% rounds to "-0%", which reads as a drop; a change too small to show has no sign.
+    return "±0%" if text in ("+0%", "-0%") else text
+
+
+@register.filter
+def ago(moment: datetime | None, now: datetime | None = None) -> str:
+    """'3 minutes ago'; under a minute 'just now' (timesince alone says '0 minutes')."""
+    if moment is None:
+        return NONE
+    now = now or timezone.now()
+    if (now - moment).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(moment, now)} ago"
 
 
 @register.filter

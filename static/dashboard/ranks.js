@@ -95,9 +95,15 @@
     }
     draw(d);
     slowest(d);
-    const what = d.mode === "hosts" ? d.rows.length + " hosts (each the slowest of its ranks)" : d.rows.length + " ranks" + (host ? " on " + host : "");
+    const many = (n, word) => n + " " + word + (n === 1 ? "" : "s");
+    // The heading counts the job's GPUs (world size); say how many of them send timings, so
+    // "8 ranks" above and "1 ranks reporting" below no longer read as a contradiction.
+    const world = Number(panel.dataset.world) || 0;
+    const reporting = (world > d.ranks ? d.ranks + " of " + world : String(d.ranks)) + (world === 1 || (!world && d.ranks === 1) ? " rank" : " ranks") + " reporting";
+    const alone = d.ranks === 1 ? " (a single rank: no other rank to compare it with)" : "";
+    const what = d.mode === "hosts" ? " · " + many(d.rows.length, "host") + " (each the slowest of its ranks)" : host ? " · " + many(d.rows.length, "rank") + " on " + host : "";
     const win = d.window ? " · steps " + d.window[0].toLocaleString() + "–" + d.window[1].toLocaleString() : "";
-    info.textContent = d.ranks + " ranks reporting · " + what + win;
+    info.textContent = reporting + alone + what + win;
     panel.dataset.ready = "1";
   }
 

@@ -17,7 +17,12 @@
   }
 
   function sourceText(d) {
-    const nonfinite = d.nonfinite_steps && d.nonfinite_steps.length ? " · NaN/Inf at steps " + d.nonfinite_steps.slice(0, 8).join(", ") : "";
+    // Name every NaN/Inf step up to 8; past that say how many there are (the server sends up to
+    // 1,000): a list cut at 8 with no count read as 8 beside the chart's "NaN/Inf ×18".
+    const nf = d.nonfinite_steps || [];
+    const list = (steps) => steps.map((s) => s.toLocaleString()).join(", ");
+    const count = nf.length >= 1000 ? "1,000+" : nf.length.toLocaleString();
+    const nonfinite = !nf.length ? "" : nf.length <= 8 ? " · NaN/Inf at steps " + list(nf) : " · NaN/Inf at " + count + " steps, first " + list(nf.slice(0, 8)) + ", …";
     return d.points.toLocaleString() + " points → " + d.x.length + " buckets (" + d.source + ", every bucket's min and max kept)" + nonfinite + " · drag to zoom, double-click to reset";
   }
 

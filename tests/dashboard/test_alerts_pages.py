@@ -303,3 +303,55 @@ def test_the_history_shows_what_would_have_been_sent_without_a_channel(
     page = client.get("/projects/llm/alerts/").content.decode()
     assert "Loss became NaN/Inf at step 10,000." in page
     assert "not sent: no channel" in page
+
+
+def test_the_history_says_what_a_run_end_message_says_and_when_in_the_viewers_zone(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo's drill crashed; its history row read "the run failed" (the rule's name), while the
+    # message a channel gets says "crashed at step ...". And the page printed its times in UTC
+    # under a header that says "times in Europe/Berlin".
+    from django.utils import timezone
+
+    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_085
+    run.save(update_fields=["status", "ended_at", "last_step"])
+    services.run_end_dispatch(run_id=run.id)
+    client.force_login(viewer)
+    for url in ("/projects/llm/alerts/", f"/runs/llm/{run.public_id}/alerts/"):
+        page = client.get(url).content.decode()
+        assert "the run failed" not in page
+        assert f"{run} crashed at step 10,085" in page
+        assert "When (UTC)" not in page and '<time data-fmt="local" datetime="' in page
+
+
+def test_the_rules_list_shows_each_threshold_in_force(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo's rules page showed a dash as every rule's threshold: the template asked
+    # `kind.passes`, a function, which the template language calls with no arguments (it fails,
+    # so it reads as empty). On call, "Deadline at risk" must say it alerts below 0.5.
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/rules/").content.decode()
+    row = next(r for r in page.split("<tr>") if "Deadline at risk" in r)
+    assert "0.5" in row and "chance of finishing by cutoff minus buffer" in row
+    row = next(r for r in page.split("<tr>") if "ETA slipped" in r)
+    assert "3.0" in row and "hours the P50 finish must have slipped" in row
+
+
+def test_a_run_end_row_keeps_saying_how_that_attempt_ended_after_a_resume(
+    client: Client, viewer: User, run: Run
+) -> None:
+    # The demo drill crashed, then resumed from its checkpoint: its "failed" row then read
+    # "<run> running at step 11,445 of 20,000", the run's state now, not the ending it records.
+    from django.utils import timezone
+
+    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_085
+    run.save(update_fields=["status", "ended_at", "last_step"])
+    services.run_end_dispatch(run_id=run.id)
+    run.status, run.ended_at, run.last_step = Run.Status.RUNNING, None, 11_445
+    run.current_segment += 1
+    run.save(update_fields=["status", "ended_at", "last_step", "current_segment"])
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/").content.decode()
+    assert f"{run} crashed" in page
+    assert "running at step" not in page and "11,445" not in page

@@ -168,3 +168,14 @@ def test_finished_runs_show_their_outcome_and_running_ones_their_margin(member, 
     assert by_id["made"].outcome == "made it, 29 s spare"
     assert by_id["missed"].outcome == "missed by 2 h"
     assert by_id["late"].margin_text == "P50 4 h after the train-by"
+
+
+def test_a_cut_run_name_reads_in_full_on_hover(client, member, project):
+    # The run column cuts long names ("DeepSeek-V3 proxy con…", "BERT divergence drill (r…"
+    # at 1400 px in the demo): the link carries the whole name and the project line the rest.
+    run = make_run(project, "long", points=10)
+    run.name = "BERT divergence drill (real curve, injected NaN)"
+    run.save(update_fields=["name"])
+    client.force_login(member)
+    html = client.get("/").content.decode()
+    assert 'title="BERT divergence drill (real curve, injected NaN)"' in html

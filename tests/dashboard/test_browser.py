@@ -145,6 +145,34 @@ def test_board_run_page_and_zoom(page: Any) -> None:
     assert len(xs) > 10 and max(xs) - min(xs) < 0.2 * 11_200
 
 
+# Tick labels that overlap a neighbour, and cells whose text is cut off (ellipsis or clipped).
+BOARD_CROWDING_JS = """() => {
+  const out = [];
+  document.querySelectorAll(".axis").forEach((axis) => {
+    const r = [...axis.querySelectorAll(".tick")].map((t) => t.getBoundingClientRect());
+    for (let i = 1; i < r.length; i++) if (r[i].left < r[i - 1].right) out.push("ticks overlap");
+  });
+  const cells = ".lane-table td:not(.tl), .lane-table th:not(.tl-head)";
+  document.querySelectorAll(cells).forEach((c) => {
+    if (c.querySelector("a") || c.classList.contains("flags")) return;  // names truncate on purpose
+    if (c.scrollWidth > c.clientWidth + 1) out.push("cut: " + c.innerText.replace(/\\s+/g, " "));
+  });
+  return out;
+}"""
+
+
+def test_the_board_stays_readable_at_800px(page: Any) -> None:
+    # At 800 px the demo board cut its on-time chance to "8…" and piled the day ticks on each
+    # other ("Fri, Dec 4Sat, Dec 5Sun, ..."): the lane scrolls sideways instead of squeezing.
+    pg = page
+    pg.set_viewport_size({"width": 800, "height": 1000})
+    pg.reload()
+    pg.wait_for_selector("section.lane")
+    assert pg.evaluate(BOARD_CROWDING_JS) == []
+    # Sideways scrolling is the lane's own, not the page's.
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 800
+
+
 def test_create_a_deadline_and_a_token(page: Any) -> None:
     pg = page
     pg.goto(f"{pg.base}/projects/llm/deadlines/new/")
@@ -223,8 +251,8 @@ ZONE = r"(GMT[+-]\d{1,2}(:\d\d)?|UTC|[A-Z]{3,5})$"
 
 
 def _diverged_run(project: Any, now: Any) -> Run:
-    """A run 50 min old: warmup+cosine lr peaking at 1e-3, a loss that goes NaN/Inf at step
-    900, its NaN flag (onset 900, rollback to 800) and a single ETA forecast."""
+    """A run 50 min old: warmup+cosine lr peaking at 1e-3, a loss that goes NaN/Inf at steps
+    900-911, its NaN flag (onset 900, rollback to 800) and a single ETA forecast."""
     start = now.timestamp() - 50 * 60
     with forecasts_by_hand():
         started = run_start(
@@ -237,8 +265,8 @@ def _diverged_run(project: Any, now: Any) -> Run:
         steps = np.arange(1200, dtype=np.int64)
         times = start + 60 + steps * 2.0
         loss = 3.0 + np.exp(-steps / 300.0) + 0.05 * np.sin(steps / 7.0)
-        loss[900:906] = np.nan
-        loss[906] = np.inf
+        loss[900:911] = np.nan
+        loss[911] = np.inf
         lr = np.where(
             steps < 200, 1e-3 * steps / 200, 1e-3 * 0.5 * (1 + np.cos(np.pi * (steps - 200) / 2800))
         )
@@ -325,6 +353,9 @@ def test_nan_steps_and_the_divergence_onset_are_drawn_and_labelled(diverged: Any
     assert {"nonfinite", "onset", "rollback"} <= set(marks), drawn["marks"]
     assert abs(marks["nonfinite"]["x"] - drawn["x900"]) <= 2 * drawn["px"], drawn
     assert "NaN" in marks["nonfinite"]["label"] and "900" in marks["onset"]["label"]
+    # Twelve NaN/Inf steps: the note under the chart counts them, then names the first eight
+    # (it listed eight with no count, beside a chart label of 12 NaN/Inf).
+    assert "NaN/Inf at 12 steps, first 900, 901," in pg.inner_text("#info-loss")
     left, top, width, height = drawn["bbox"]
     labelled = [m for m in drawn["marks"] if m.get("box")]
     for m in labelled:  # every label inside the plot, none over another

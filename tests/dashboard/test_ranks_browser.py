@@ -36,6 +36,10 @@ def test_the_heat_map_shows_the_slow_rank_and_the_onset_is_on_the_throughput_cha
     # canvas is see-through: a cell's strength is its alpha).
     assert slow["r"] > 150 and slow["g"] < 100 and slow["a"] > 150, slow
     assert fine["a"] < 60, fine
+    # The heading counts the job's 64 GPUs; 8 send timings: the note says so ("8 ranks
+    # reporting" under "64 ranks" read as a contradiction, and a lone rank read "1 ranks").
+    info = pg.inner_text("#info-ranks")
+    assert info.startswith("8 of 64 ranks reporting · steps"), info
     first = pg.inner_text("#slowest-ranks tbody tr:first-child")
     assert "rank 5" in first and "node-1" in first and "\t+" in first  # over the window
     drawn = pg.evaluate("() => window.runcastCharts.rate.runcastDrawn.map((d) => d.label)")

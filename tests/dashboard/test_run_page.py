@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tests.dashboard.factories import flag, forecast_set, make_run
+from tests.dashboard.factories import flag, forecast, forecast_set, make_run
 from tracker.models import Event
 from tracker.selectors import throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
@@ -165,3 +165,51 @@ def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, proj
     client.force_login(member)
     page = client.get(f"/runs/{project.slug}/late/summary/").content.decode()
     assert "15% likely" in page and "Now 15% likely" in page
+
+
+@pytest.mark.parametrize(
+    ("key", "title"), [("loss", "<h4>Loss</h4>"), ("val_loss", "Loss · val_loss")]
+)
+def test_the_loss_card_names_its_key_only_when_it_is_not_loss(client, member, project, key, title):
+    # The demo's cards read "LOSS · LOSS": the key said again in the title (the service stores
+    # the forecast key beside the estimator's figures).
+    run = make_run(project, "k", points=10)
+    forecast(run, "loss", timezone.now(), p10=2.9, p50=3.0, p90=3.1, smoothed_last=3.2, key=key)
+    client.force_login(member)
+    page = client.get(f"/runs/{project.slug}/k/summary/").content.decode()
+    assert title in page and "Loss · loss" not in page
+
+
+def test_an_ended_run_is_not_told_to_aim_at_a_deadline(client, member, project):
+    # "no deadline · aim it with runcast.init(deadline=…)" is advice for a run still to start or
+    # running; on a finished run it only says there was no deadline.
+    run = make_run(project, "done", points=10)
+    run.status, run.ended_at = "finished", timezone.now()
+    run.save(update_fields=["status", "ended_at"])
+    client.force_login(member)
+    page = client.get(f"/runs/{project.slug}/done/summary/").content.decode()
+    assert "no deadline" in page and "runcast.init(deadline" not in page
+    make_run(project, "live", points=10)
+    assert (
+        "runcast.init(deadline"
+        in client.get(f"/runs/{project.slug}/live/summary/").content.decode()
+    )
+
+
+def test_the_eta_history_mentions_a_cutoff_only_for_a_run_that_has_one(client, member, project):
+    # The demo drill has no deadline, yet its ETA history read "..., against the cutoff".
+    from tracker.settings_services import deadline_create
+
+    deadline = deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=timezone.now() + timezone.timedelta(hours=8),
+        timezone="UTC",
+        buffer=timezone.timedelta(0),
+    )
+    make_run(project, "free", points=10)
+    make_run(project, "aimed", points=10, deadline=deadline)
+    client.force_login(member)
+    assert "against the cutoff" not in client.get(f"/runs/{project.slug}/free/").content.decode()
+    assert "against the cutoff" in client.get(f"/runs/{project.slug}/aimed/").content.decode()
