@@ -373,7 +373,7 @@ def _eta_and_deadline(
         slip = _slip_condition(run=run, now=now)
         if slip:
             deadline = conditions[0]
-            why = slip[0].explanation.removeprefix("ETA slipping ")
+            why = str(slip[0].data.get("explanation", "")) or slip[0].explanation
             conditions[0] = replace(
                 deadline,
                 explanation=f"{deadline.explanation}; {why}",

@@ -194,7 +194,7 @@ def test_a_run_aimed_at_a_cutoff_has_one_flag_whose_why_is_its_slip(project):
     halve_pace(run)  # 18,000 steps at 2 s: a finish near 38,000 s, the cutoff at 26,000 s
     assert not Flag.objects.filter(run=run, kind="slip").exists()
     flag = Flag.objects.get(run=run, kind="deadline", state="raised")
-    assert "blind eval" in flag.explanation and "slipped from" in flag.explanation
+    assert "blind eval" in flag.explanation and "; finish slipped from" in flag.explanation
     assert flag.data["slip"]["amount_s"] > 3600
 
 
