@@ -146,7 +146,27 @@ def _final_events(*, run: Run, now: datetime) -> list[Flag]:
             run=run, kind__in=EVENT_KINDS, state=Flag.State.RAISED, created_at__gte=run.ended_at
         ).values_list("kind", flat=True)
     )
-    events = [c for c in found if c.kind in EVENT_KINDS and c.kind not in judged]
+    # Nor is one this attempt's forecasts already raised (same kind and onset), which the crash
+    # closed before the end's look: raising it again sent the demo drill's NaN twice (4 values,
+    # then 41). A resumed attempt that blows up again is news again, even at the same step.
+    attempt = (
+        run.segments.filter(number=run.current_segment).values_list("started_at", flat=True).first()
+    )
+    said = set(
+        Flag.objects.filter(
+            run=run,
+            kind__in=EVENT_KINDS,
+            state__in=(Flag.State.RAISED, Flag.State.UPDATED),
+            created_at__gte=attempt or run.started_at,
+        ).values_list("kind", "onset_step")
+    )
+    events = [
+        c
+        for c in found
+        if c.kind in EVENT_KINDS
+        and c.kind not in judged
+        and (c.kind, _int_or_none(c.onset_step)) not in said
+    ]
     return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
 

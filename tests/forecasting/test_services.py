@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from forecasting import selectors, services
 from forecasting.models import Flag, Forecast
-from tracker.models import Deadline, Run
+from tracker.models import Deadline, Run, RunSegment
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = pytest.mark.django_db
@@ -271,8 +271,10 @@ def test_a_nan_in_a_dead_runs_last_data_is_raised_once(project):
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
     assert states == ["raised", "resolved"]
-    # A new attempt that ends on a NaN again is a new end, judged anew.
-    Run.objects.filter(pk=run.pk).update(ended_at=at(2000))
+    # A new attempt (a resume) that ends on a NaN again is a new end, judged anew.
+    resume = run.current_segment + 1
+    RunSegment.objects.create(run=run, number=resume, session="s2", started_at=at(1500))
+    Run.objects.filter(pk=run.pk).update(current_segment=resume, ended_at=at(2000))
     services.forecast_compute(run_id=run.pk, now=at(2001))
     assert Flag.objects.filter(run=run, kind="nan", state="raised").count() == 2
 
@@ -300,6 +302,27 @@ def test_a_nan_the_job_died_of_is_raised_before_its_flags_close(project):
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
     assert rows == ["raised", "resolved"]  # the alert says why; the crash closes it
+
+
+def test_a_nan_a_forecast_raised_before_the_crash_is_not_raised_again_by_the_end(project):
+    """The demo's drill: a forecast raised the NaN (4 values), the run crashed and the end
+    closed it, then the end's look at the final data raised it again (41 values)."""
+    run = make_run(project)
+    RunSegment.objects.filter(run=run).update(started_at=at(0))  # on the test's clock
+    steps = np.arange(1000)
+    loss = healthy_loss(steps)
+    loss[990:] = np.nan
+    send(run, steps[:994], loss[:994], seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(994))
+    send(run, steps[994:], loss[994:], seq=2)  # more NaN, then the job dies
+    # The sweep finds it dead and closes its flags before the end's forecast looks.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(1000))
+    services.flags_close(run=Run.objects.get(pk=run.pk), reason="the run crashed", now=at(1000))
+    services.forecast_compute(run_id=run.pk, now=at(1001))
+    rows = list(
+        Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
+    )
+    assert rows == ["raised", "resolved"]
 
 
 def test_a_slip_that_leaves_the_cutoff_safe_raises_nothing(project):
