@@ -148,10 +148,10 @@ def test_compare_overlays_only_this_projects_runs(client, member, project, other
     assert '"id": "r"' in html and "theirs" not in html
 
 
-def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, project):
+def _blind_eval_in_8_hours(project):
     from tracker.settings_services import deadline_create
 
-    deadline = deadline_create(
+    return deadline_create(
         project=project,
         name="Blind eval",
         slug="blind-eval",
@@ -159,6 +159,10 @@ def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, proj
         timezone="UTC",
         buffer=timezone.timedelta(0),
     )
+
+
+def test_the_deadline_flag_and_the_card_say_the_same_number(client, member, project):
+    deadline = _blind_eval_in_8_hours(project)
     run = make_run(project, "late", points=10, deadline=deadline)
     forecast_set(run, timezone.now(), finish_in=12 * 3600, p=0.15)
     flag(run, "deadline", p_on_time=0.19)  # raised when the odds were 19%
@@ -198,16 +202,7 @@ def test_an_ended_run_is_not_told_to_aim_at_a_deadline(client, member, project):
 
 def test_the_eta_history_mentions_a_cutoff_only_for_a_run_that_has_one(client, member, project):
     # The demo drill has no deadline, yet its ETA history read "..., against the cutoff".
-    from tracker.settings_services import deadline_create
-
-    deadline = deadline_create(
-        project=project,
-        name="Blind eval",
-        slug="blind-eval",
-        cutoff=timezone.now() + timezone.timedelta(hours=8),
-        timezone="UTC",
-        buffer=timezone.timedelta(0),
-    )
+    deadline = _blind_eval_in_8_hours(project)
     make_run(project, "free", points=10)
     make_run(project, "aimed", points=10, deadline=deadline)
     client.force_login(member)
