@@ -127,7 +127,8 @@ EVENT_KINDS = (Flag.Kind.NAN, Flag.Kind.SPIKE)
 
 
 def _final_events(*, run: Run, now: datetime) -> list[Flag]:
-    """Raise what the run's final data shows of NaN and spikes that no forecast saw."""
+    """Raise what the run's final data shows of NaN and spikes that no forecast saw (at its
+    end, or when the sweep finds it dead)."""
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)
     if loss_key is None:
@@ -140,10 +141,11 @@ def _final_events(*, run: Run, now: datetime) -> list[Flag]:
     )
     # Judged once per end: every forecast task still queued when the run ended runs this again,
     # and each re-raised the NaN the end had just closed (the demo's drill sent it three times).
-    assert run.ended_at is not None
+    # A crash the sweep infers has no end time yet: it is judged now.
+    end = run.ended_at or now
     judged = set(
         Flag.objects.filter(
-            run=run, kind__in=EVENT_KINDS, state=Flag.State.RAISED, created_at__gte=run.ended_at
+            run=run, kind__in=EVENT_KINDS, state=Flag.State.RAISED, created_at__gte=end
         ).values_list("kind", flat=True)
     )
     # Nor is one this attempt's forecasts already raised (same kind and onset), which the crash
@@ -715,10 +717,16 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
         listening_since=since.timestamp() if since is not None else None,
     )
     conditions = []
+    raised: list[Flag] = []
     if stall is not None and stall.stalled:
         status = Run.silent_status(heartbeat_lost=stall.kind == "no_heartbeat")
         Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE_STATUSES).update(status=status)
+        if status == Run.Status.CRASHED:
+            # A job killed seconds after its loss blew up: the NaN in its last data is the why
+            # of the crash, raised first (no forecast runs on an inferred crash), so its alert
+            # comes before "looks crashed" (the demo drill's came after it).
+            raised = _final_events(run=run, now=now)
         conditions.append(
             Condition(Flag.Kind.STALLED, stall.explanation, stall.silent_s, None, stall.to_dict())
         )
-    return flags_sync(run=run, conditions=conditions, kinds=(Flag.Kind.STALLED,), now=now)
+    return raised + flags_sync(run=run, conditions=conditions, kinds=(Flag.Kind.STALLED,), now=now)

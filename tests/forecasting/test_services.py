@@ -210,6 +210,24 @@ def test_it_marks_a_silent_run_crashed(project):
     assert Flag.objects.get(run=run, kind="stalled").state == "raised"
 
 
+def test_a_nan_in_a_killed_runs_last_data_is_raised_before_it_looks_crashed(project):
+    """The demo's drill: the job is killed seconds after its loss blew up, before a forecast
+    saw the NaN. The sweep finds it dead; the NaN, the why, must come first (it came after)."""
+    run = make_run(project)
+    RunSegment.objects.filter(run=run).update(started_at=at(0))  # on the test's clock
+    for i in range(20):
+        steps = np.arange(i * 10, (i + 1) * 10)
+        loss = healthy_loss(steps)
+        if i == 19:
+            loss[-3:] = np.nan
+        send(run, steps, loss, seq=i + 1)
+    later = timezone.now() + timedelta(hours=1)
+    services.run_check_liveness(run_id=run.pk, now=later)
+    services.run_check_liveness(run_id=run.pk, now=later + timedelta(minutes=1))
+    rows = list(Flag.objects.filter(run=run).order_by("created_at", "id"))
+    assert [(f.kind, f.state) for f in rows] == [("nan", "raised"), ("stalled", "raised")]
+
+
 def test_edge_cases_do_not_break_the_service(project):
     run = make_run(project, total=None)
     send(run, np.array([0, 1]), np.array([np.nan, 5.0]), seq=1)
