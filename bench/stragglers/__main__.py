@@ -135,32 +135,9 @@ def _excused(job: data.Job) -> list[tuple[int, int, int]]:
     ]
 
 
-def _oracle(
-    findable: Tally,
-    where: str,
-    x: np.ndarray,
-    x_clean: np.ndarray,
-    f: float,
-    per_day: float,
-    tests: int,
-    truth: Truth,
-) -> None:
-    """The oracle CUSUM of `rows_needed` run on a findable trial's injected series (it knows the
-    level and noise the detectors must estimate), and on the same series without the slowdown.
-    Its budget is one false alarm per job-day over all `tests` series, so on a clean series of
-    a few hours it should all but never alarm; the share of trials where it does ("oracle_clean",
-    a share of trials kept as a recall) says how far its noise, read from the series itself, is
-    too low, and so how generous the findable set and the oracle's recall are."""
-    if not truth.eligible:
-        return
-    delay = oracle_delay(x, x_clean, f, per_day, tests, truth.onset)
-    findable.add("oracle", where, _size(f), Outcome(delay is not None, delay, 0), 0.0)
-    clean = oracle_delay(x_clean, x_clean, f, per_day, tests, 0) is not None
-    findable.add("oracle_clean", where, _size(f), Outcome(clean, None, 0), 0.0)
-
-
 def _bound(
     tally: Tally,
+    findable: Tally | None,
     where: str,
     x: np.ndarray,
     x_clean: np.ndarray,
@@ -170,21 +147,30 @@ def _bound(
     truth: Truth,
     rows_left: int,
 ) -> None:
-    """The oracle CUSUM run on EVERY scored trial (not only the findable ones), into the same
-    tally as the detectors, so its plain recall is over exactly the trials of their headline
-    recall: the upper bound a detector inside the budget could reach on this bench (generous:
-    it knows the level and sigma). Beside it, per trial, whether the rows after the onset are
-    fewer than the oracle's mean delay ("unfindable", a share kept as a recall), and whether
-    the oracle alarms on the same series without the slowdown ("oracle_clean")."""
+    """The oracle CUSUM (it knows the level and noise the detectors must estimate, at their
+    budget of one false alarm per job-day over all `tests` series) run once per scored trial,
+    on the injected series and on the same series without the slowdown.
+
+    Into `tally`, beside the detectors, so its plain recall is over exactly the trials of their
+    headline recall: the upper bound a detector inside the budget could reach on this bench
+    (generous: it knows the level and sigma); with it, whether the rows after the onset are
+    fewer than the oracle's mean delay ("unfindable", a share kept as a recall). Into
+    `findable` (when given) for the trials that are not. In both, "oracle_clean": how often it
+    alarms on the clean series, where it should all but never; that share says how far its
+    noise, read from the series itself, is too low, and so how generous the bound is."""
     if not truth.eligible:
         return
     size = _size(f)
     delay = oracle_delay(x, x_clean, f, per_day, tests, truth.onset)
-    tally.add("oracle", where, size, Outcome(delay is not None, delay, 0), 0.0)
+    hit = Outcome(delay is not None, delay, 0)
+    clean = Outcome(oracle_delay(x_clean, x_clean, f, per_day, tests, 0) is not None, None, 0)
     short = rows_left < rows_needed(x_clean, f, per_day, tests)
+    tally.add("oracle", where, size, hit, 0.0)
     tally.add("unfindable", where, size, Outcome(short, None, 0), 0.0)
-    clean = oracle_delay(x_clean, x_clean, f, per_day, tests, 0) is not None
-    tally.add("oracle_clean", where, size, Outcome(clean, None, 0), 0.0)
+    tally.add("oracle_clean", where, size, clean, 0.0)
+    if findable is not None and not short:
+        findable.add("oracle", where, size, hit, 0.0)
+        findable.add("oracle_clean", where, size, clean, 0.0)
 
 
 def _pairs(ranks: int) -> dict[str, list[int]]:
@@ -291,9 +277,18 @@ def real_injections(
                     where = "real_rank"
                     clean_x = x_clean[:, rank]
                 needed = rows_needed(clean_x, f, job.rows_per_day, tests)
-                _bound(tally, where, slow_x, clean_x, f, job.rows_per_day, tests, truth, n - onset)
-                if findable is not None and n - onset >= needed:
-                    _oracle(findable, where, slow_x, clean_x, f, job.rows_per_day, tests, truth)
+                _bound(
+                    tally,
+                    findable,
+                    where,
+                    slow_x,
+                    clean_x,
+                    f,
+                    job.rows_per_day,
+                    tests,
+                    truth,
+                    n - onset,
+                )
                 for det, (ra, ha) in _run_all(slowed, job.rows_per_day, hosts).items():
                     out = score(ra, ha, hosts, truth)
                     tally.add(det, where, _size(f), out, job.days)
@@ -378,6 +373,7 @@ def synthetic(
                 band = _band(float(np.median(cov)))
                 _bound(
                     tally,
+                    None if stress else findable,
                     where + "_rank",
                     x[:, rank],
                     x_clean[:, rank],
@@ -390,6 +386,7 @@ def synthetic(
                 slow_hx = host_series(x, {host: hosts[host]})[:, 0]
                 _bound(
                     tally,
+                    None if stress else findable,
                     where + "_host",
                     slow_hx,
                     host_x,
@@ -406,30 +403,6 @@ def synthetic(
                     host_out = score(ra, ha, hosts, host_truth)
                     host_out.false_alarms = 0  # counted once, in the rank scoring of the world
                     tally.add(det, where + "_host", _size(f), host_out, 0.0)
-                    # The oracle needs no detector's output: once per trial.
-                    if findable is not None and not stress and det == "runcast":
-                        if rows - t_rank >= rank_needed:
-                            _oracle(
-                                findable,
-                                f"synth_{size}_rank",
-                                x[:, rank],
-                                x_clean[:, rank],
-                                f,
-                                per_day,
-                                tests,
-                                rank_truth,
-                            )
-                        if rows - t_host >= host_needed:
-                            _oracle(
-                                findable,
-                                f"synth_{size}_host",
-                                slow_hx,
-                                host_x,
-                                f,
-                                per_day,
-                                tests,
-                                host_truth,
-                            )
                     if findable is not None and not stress:
                         if rows - t_rank >= rank_needed:
                             findable.add(det, f"synth_{size}_rank", _size(f), out, 0.0)

@@ -89,15 +89,17 @@ def test_the_bound_runs_the_oracle_on_every_scored_trial() -> None:
         slowed = clean.copy()
         slowed[onset:] += np.log(1.02)
         truth = Truth(rank=0, onset=onset)
-        cli._bound(tally, "w", slowed, clean, 1.02, 8640.0, 64, truth, 2000 - onset)
+        cli._bound(tally, None, "w", slowed, clean, 1.02, 8640.0, 64, truth, 2000 - onset)
     skipped = Truth(rank=0, onset=1000, eligible=False)
-    cli._bound(tally, "w", clean, clean, 1.02, 8640.0, 64, skipped, 1000)
+    cli._bound(tally, None, "w", clean, clean, 1.02, 8640.0, 64, skipped, 1000)
     assert tally.trials("oracle")["2"] == 2
     assert tally.recall("oracle")["2"] == 0.5  # found with 1,000 rows left, not with 10
     assert tally.recall("unfindable")["2"] == 0.5
     assert tally.recall("oracle_clean")["2"] == 0.0
     # The stress set stays out of the pooled figures, as it does for the detectors.
-    cli._bound(tally, "synth_stress_rank", clean, clean, 1.02, 8640.0, 64, Truth(rank=0), 2000)
+    cli._bound(
+        tally, None, "synth_stress_rank", clean, clean, 1.02, 8640.0, 64, Truth(rank=0), 2000
+    )
     assert tally.trials("oracle")["2"] == 2
 
 
