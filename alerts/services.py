@@ -352,13 +352,9 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
         if recent is not None:
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
-        said = (
-            _said_this_episode(event=event, history=history, rule=rule)
-            if event.event == Flag.State.UPDATED
-            else None
-        )
-        then = said.flag.data if said is not None and said.flag is not None else None
-        if said is not None and then is not None and _worse(event.kind, event.data, then) is False:
+        update = event.flag if event.event == Flag.State.UPDATED else None
+        said = _said_this_episode(event=event, history=history, rule=rule) if update else None
+        if update and said and said.flag and _worse(update, said.flag) is False:
             sent = f"{said.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"no worse than the alert at {sent}"
         return S.PENDING, ""
@@ -414,22 +410,20 @@ def _said_this_episode(
     )
 
 
-def _worse(kind: str, now: dict[str, Any], then: dict[str, Any]) -> bool | None:
+# Kinds whose flag severity orders how bad an update is: 1 - P(on time), the slip's seconds.
+ORDERED_BY_SEVERITY = (Flag.Kind.DEADLINE, Flag.Kind.SLIP)
+
+
+def _worse(update: Flag, said: Flag) -> bool | None:
     """Whether an open flag's update is worse than what its last alert said; None for kinds
     with no such order. A deadline whose odds crossed a band upwards (16% -> 25%), or hovered
     about a band's edge, wrote an update the page must show; alerting it again told a lead the
     run was "at 25%" as news (a 9.6-hour slowdown replay sent four deadline messages)."""
-    keys: dict[str, tuple[str, float]] = {
-        Flag.Kind.DEADLINE: ("p_on_time", -1.0),  # lower odds of making the cutoff
-        Flag.Kind.SLIP: ("amount_s", 1.0),  # a longer slip
-    }
-    if kind not in keys:
+    if update.kind not in ORDERED_BY_SEVERITY:
         return None
-    key, sign = keys[kind]
-    a, b = now.get(key), then.get(key)
-    if not isinstance(a, int | float) or not isinstance(b, int | float):
+    if update.severity is None or said.severity is None:
         return None
-    return sign * (a - b) > 0
+    return update.severity > said.severity
 
 
 # --- delivery ---------------------------------------------------------------------------------
