@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import throwaway_secret_key
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -48,8 +50,7 @@ def setup_django() -> None:
     os.environ.update(
         DATABASE_URL=f"{ingest.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
-        # A throwaway local server: settings refuse to start without a key off the embedded mode.
-        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
+        SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL="memory://",
         CACHE_URL="locmemcache://",
         LOG_LEVEL="WARNING",

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import throwaway_secret_key
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "var" / "bench"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
@@ -504,8 +506,7 @@ def django_env() -> dict[str, str]:
     env.update(
         DATABASE_URL=f"{PG_URL}/{RUNCAST_DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
-        # A throwaway local server: settings refuse to start without a key off the embedded mode.
-        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
+        SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=f"{REDIS_URL}/{BROKER_DB}",
         CACHE_URL=f"{REDIS_URL}/{CACHE_DB}",
         LOG_LEVEL="WARNING",

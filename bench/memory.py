@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import throwaway_secret_key
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ingest
 
@@ -143,8 +145,7 @@ def env_for(tree: Path) -> dict[str, str]:
     env.update(
         DATABASE_URL=f"{ingest.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
-        # A throwaway local server: settings refuse to start without a key off the embedded mode.
-        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
+        SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=redis,
         CACHE_URL=redis,
         LOG_LEVEL="WARNING",

@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any
 
+from bench import throwaway_secret_key
 from bench.ingest import (
     PG_URL,
     REDIS_URL,
@@ -108,8 +109,7 @@ def runcast(mlflow: Any, steps: int) -> dict[str, Any]:
         os.environ,
         DATABASE_URL=f"{PG_URL}/{RUNCAST_DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
-        # A throwaway local server: settings refuse to start without a key off the embedded mode.
-        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
+        SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=f"{REDIS_URL}/{REDIS_DB}",
         CACHE_URL=f"{REDIS_URL}/{REDIS_DB}",
         LOG_LEVEL="WARNING",

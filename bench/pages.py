@@ -21,6 +21,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import throwaway_secret_key
+
 ROOT = Path(__file__).resolve().parents[1]
 DB_NAME = "runcast_bench_pages"
 POINTS_1M = 1_000_000
@@ -40,7 +42,7 @@ def _recreate(server: str) -> str:
     conn.close()
     url = f"{server}/{DB_NAME}"
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings.base"}
-    env.setdefault("SECRET_KEY", "runcast-bench-only-" + "x" * 50)  # a throwaway local server
+    env.setdefault("SECRET_KEY", throwaway_secret_key())
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     return url
 
@@ -58,7 +60,7 @@ def _drop(server: str) -> None:
 def _setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
-    os.environ.setdefault("SECRET_KEY", "runcast-bench-only-" + "x" * 50)
+    os.environ.setdefault("SECRET_KEY", throwaway_secret_key())
     sys.path.insert(0, str(ROOT))
     import django
 

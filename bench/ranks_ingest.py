@@ -36,6 +36,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from bench import throwaway_secret_key
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client"))
 sys.path.insert(0, str(ROOT))
@@ -134,8 +136,7 @@ def django_env() -> dict[str, str]:
     env.update(
         DATABASE_URL=f"{PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
-        # A throwaway local server: settings refuse to start without a key off the embedded mode.
-        SECRET_KEY=os.environ.get("SECRET_KEY", "runcast-bench-only-" + "x" * 50),
+        SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=REDIS,
         CACHE_URL=REDIS,
         LOG_LEVEL="WARNING",
