@@ -511,6 +511,7 @@ def _divergence_conditions(
         grad_norms=grad_norms or None,
         gpu_count=run.world_size,
         gpu_hour_price=price,
+        currency=run.project.currency,
         now=now.timestamp(),
         evaluation=key in EVALUATION_LOSS_KEYS,
     )

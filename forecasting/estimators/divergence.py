@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.formatting import span
+from forecasting.estimators.formatting import money, span
 from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import block_median, keep_latest
 
@@ -117,6 +117,7 @@ class _Context:
     gpu_hour_price: float | None
     now: float | None
     grad_norms: dict[str, tuple[np.ndarray, np.ndarray]] | None
+    currency: str = "USD"
 
 
 def detect_divergence(
@@ -128,6 +129,7 @@ def detect_divergence(
     grad_norms: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
     gpu_count: int | None = None,
     gpu_hour_price: float | None = None,
+    currency: str = "USD",
     now: float | None = None,
     evaluation: bool = False,
 ) -> list[DivergenceFlag]:
@@ -150,7 +152,9 @@ def detect_divergence(
     t = t[keep] if t is not None else None
     if len(s) == 0:
         return []
-    ctx = _Context(s, v, t, sorted(checkpoints or []), gpu_count, gpu_hour_price, now, grad_norms)
+    ctx = _Context(
+        s, v, t, sorted(checkpoints or []), gpu_count, gpu_hour_price, now, grad_norms, currency
+    )
     flags: list[DivergenceFlag] = []
     nan_flag = _nan_flag(ctx)
     if nan_flag is not None:
@@ -458,7 +462,10 @@ def _annotate(flag: DivergenceFlag, ctx: _Context) -> None:
     if ctx.grad_norms:
         flag.layers_first = first_moving_layers(ctx.grad_norms, flag.onset_step, flag.detected_step)
     if flag.wasted_s is not None:
-        cost = f", about {flag.cost:,.2f} in GPU cost" if flag.cost is not None else ""
+        # In the project's currency, as every other cost Runcast shows ("about 37.50" named none).
+        cost = (
+            f", about {money(flag.cost, ctx.currency)} in GPU cost" if flag.cost is not None else ""
+        )
         flag.explanation += f" {span(flag.wasted_s)} of training since onset{cost}."
     if flag.rollback_step is not None:
         flag.explanation += f" Last checkpoint before onset: step {flag.rollback_step:,.0f}."

@@ -47,6 +47,24 @@ def test_nan_flagged_at_first_bad_step_with_cost() -> None:
     json.dumps(f.to_dict(), allow_nan=False)
 
 
+@pytest.mark.parametrize(
+    ("currency", "text"),
+    [
+        ("USD", "about $1.11 in GPU cost"),
+        ("EUR", "about €1.11 in GPU cost"),
+        ("CHF", "about 1.11 CHF in GPU cost"),
+    ],
+)
+def test_cost_in_the_flag_text_names_the_projects_currency(currency: str, text: str) -> None:
+    s, v = _healthy()
+    v = v.copy()
+    v[2500:] = np.nan
+    flags = detect_divergence(
+        s, v, times=s * 2.0, gpu_count=8, gpu_hour_price=0.5, currency=currency
+    )
+    assert text in flags[0].explanation  # 998 s x 8 GPUs x 0.5 an hour
+
+
 def test_nan_at_step_one_and_inf() -> None:
     flags = detect_divergence(np.array([1.0]), np.array([np.nan]))
     assert _kinds(flags) == {"nan"} and flags[0].onset_step == 1
