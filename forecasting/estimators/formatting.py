@@ -43,8 +43,19 @@ def when(
     if epoch_s is None or not math.isfinite(epoch_s):
         return NONE
     moment = datetime.fromtimestamp(epoch_s, tz=tz or UTC)
-    fmt = "%m-%d %H:%M" if time else "%m-%d"
-    return moment.strftime(f"{fmt} %Z" if zone else fmt)
+    text = moment.strftime("%m-%d %H:%M" if time else "%m-%d")
+    return f"{text} {zone_name(moment)}" if zone else text
+
+
+def zone_name(moment: datetime) -> str:
+    """'CEST', 'UTC'; 'UTC-3', 'UTC+5:45' where the zone has no letters (tzdata writes '-03',
+    which after a time read as a subtraction: '05-28 17:26 -03')."""
+    name = moment.strftime("%Z")
+    if not name or name[0] not in "+-":
+        return name
+    digits = name[1:]
+    hours, minutes = int(digits[:2]), digits[2:4]
+    return f"UTC{name[0]}{hours}" + (f":{minutes}" if minutes and minutes != "00" else "")
 
 
 def money(amount: float | None, currency: str = "USD") -> str:

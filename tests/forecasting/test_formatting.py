@@ -37,6 +37,10 @@ def test_times_name_their_zone() -> None:
     assert fmt.when(T0) == "05-20 08:00 UTC"
     assert fmt.when(T0, ZoneInfo("America/New_York")) == "05-20 04:00 EDT"
     assert fmt.when(T0, zone=False) == "05-20 08:00"
+    # Zones tzdata names by offset only read as an offset, not as a subtraction after the time.
+    assert fmt.when(T0, ZoneInfo("America/Sao_Paulo")) == "05-20 05:00 UTC-3"
+    assert fmt.when(T0, ZoneInfo("Asia/Kathmandu")) == "05-20 13:45 UTC+5:45"
+    assert fmt.when(T0, ZoneInfo("Asia/Dubai")) == "05-20 12:00 UTC+4"
     assert fmt.when(None) == fmt.NONE
 
 
