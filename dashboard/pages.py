@@ -27,7 +27,7 @@ from forecasting.selectors import (
 )
 from tracker import rank_timings
 from tracker.models import Deadline, Membership, Run
-from tracker.selectors import Marker, loss_key_for, run_markers, series_keys
+from tracker.selectors import Marker, loss_key_for, run_markers, series_keys, series_last
 
 # Runs that ended this recently stay on the board, so "did it make it?" is answered there.
 RECENT_END = timedelta(hours=24)
@@ -233,6 +233,9 @@ class RunPage:
     keys: list[str]
     # Whether any rank sent step timings: the ranks panel (heat map, slowest ranks) shows then.
     has_ranks: bool = False
+    # An ended run's (step, loss) at its end: it has no forecast any more, and "healthy" alone
+    # did not say what it reached.
+    final_loss: tuple[float, float] | None = None
 
     @property
     def other_key(self) -> str | None:
@@ -250,12 +253,17 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     outlook.gpu_split = gpu_services.run_gpu_hours(run=annotated, now=now.timestamp())
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
+    loss_key = loss_key_for(keys)
+    final = None
+    if loss_key is not None and not annotated.is_active:
+        final = series_last(run=run, key=loss_key)
     return RunPage(
         outlook=outlook,
         flag_history=history,
-        loss_key=loss_key_for(keys),
+        loss_key=loss_key,
         keys=keys,
         has_ranks=rank_timings.has_rank_timings(run=run),
+        final_loss=final,
     )
 
 

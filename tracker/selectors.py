@@ -76,6 +76,33 @@ def series_load(*, run: Run, key: str, resolve: bool = True) -> Series:
     return latest_wins(series) if resolve else series
 
 
+def series_last(*, run: Run, key: str, points: int = 50) -> tuple[float, float] | None:
+    """(step, median value) of the last `points` finite points of one key, or None: what a
+    finished run ended at, reading only the newest chunks of its latest segment (2 queries).
+
+    A median, not the last point: one noisy batch is not what the run reached."""
+    meta = list(
+        MetricChunk.objects.filter(run=run, key=key)
+        .order_by("-segment", "-max_step", "-id")
+        .values_list("id", "segment", "n", "nonfinite")
+    )
+    if not meta:
+        return None
+    latest, ids, finite = meta[0][1], [], 0
+    for chunk_id, segment, n, nonfinite in meta:
+        if segment != latest or finite >= points:
+            break
+        ids.append(chunk_id)
+        finite += n - nonfinite
+    series = _load_chunks(ids, {})
+    ok = np.isfinite(series.values)
+    if not ok.any():
+        return None
+    order = np.argsort(series.steps[ok], kind="stable")
+    steps, values = series.steps[ok][order][-points:], series.values[ok][order][-points:]
+    return float(steps[-1]), float(np.median(values))
+
+
 @dataclass(frozen=True)
 class SeriesView:
     """A chart's worth of one key over a step range: per-bucket mean, min and max."""

@@ -5,8 +5,8 @@ from django.utils import timezone
 
 from tests.dashboard.factories import flag, forecast, forecast_set, make_run
 from tracker.models import Event
-from tracker.selectors import throughput_view
-from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
+from tracker.selectors import series_last, throughput_view
+from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +53,19 @@ def test_run_page_answers_finish_loss_and_cost(client, member, run):
     assert "spike explained" in html  # open flag and history
     assert 'data-loss-key="loss"' in html
     assert "GPU·h on 8 GPUs" in html
+
+
+def test_a_finished_run_says_what_loss_it_ended_at(
+    client, member, project, django_assert_max_num_queries
+):
+    run = make_run(project, "done", points=2000, chunk=500)
+    run_finish(run=run, status="finished", ended_at=timezone.now())
+    client.force_login(member)
+    with django_assert_max_num_queries(14):  # the run page's 12, and the loss's last chunks
+        html = client.get("/runs/llm/done/summary/").content.decode()
+    # The median of its last 50 points (steps 1950-1999 of 3 + exp(-step / 5000)), not a forecast.
+    assert "ended at 3.674 at step 1,999" in html
+    assert "→" not in html.split("final-loss")[0].split("<h4>Loss")[1]
 
 
 def test_run_page_queries_are_bounded(client, member, run, django_assert_max_num_queries):
@@ -139,6 +152,29 @@ def test_throughput_ignores_a_resume_rollback(member, project):
     view = throughput_view(run=run, buckets=20)
     assert view.rate == pytest.approx(2.0)
     assert view.x.max() <= 1600
+
+
+def test_the_final_loss_is_the_resumed_segments_and_skips_a_last_nan(project):
+    import numpy as np
+
+    run = make_run(project, "r3", points=1000, chunk=500, rate=2.0)  # 3.0 + exp(-s/5000)
+    run_start(
+        project=project, public_id="r3", session="s2", started_at=from_epoch(1.7e9 + 600), fields={}
+    )
+    steps = np.arange(800, 1601, dtype=np.int64)  # resumed from step 800, re-logged
+    values = np.full(steps.size, 2.5)
+    values[-1] = np.nan  # the run's last point: a NaN is a flag's business, not its final loss
+    times = 1.7e9 + 900 + (steps - 800) / 2.0
+    batch_ingest(
+        run=run,
+        session="s2",
+        seq=1,
+        series=[SeriesIn("loss", steps, values, times)],
+        events=[],
+        heartbeat=None,
+    )
+    assert series_last(run=run, key="loss") == (1599.0, 2.5)
+    assert series_last(run=run, key="no-such-key") is None
 
 
 def test_compare_overlays_only_this_projects_runs(client, member, project, other_project, run):
