@@ -735,18 +735,28 @@ def fmt(value: float | None, spec: str) -> str:
 
 def report(work: Workload, rc: dict[str, Any], ml: dict[str, Any] | None) -> dict[str, Any]:
     call = rc["log_call"]
-    mls = ml["single"]["points_per_s"] if ml else None
-    mlm = ml["multi"]["points_per_s"] if ml else None
-    metric_ms = ml["log_metric"]["median_ms"] if ml else None
+
+    def mlflow_at(*path: str) -> float | None:
+        """MLflow's figure at `path`, or None when MLflow was not measured."""
+        value: Any = ml
+        for key in path:
+            if value is None:
+                return None
+            value = value[key]
+        return None if value is None else float(value)
+
+    mls = mlflow_at("single", "points_per_s")
+    mlm = mlflow_at("multi", "points_per_s")
+    metric_ms = mlflow_at("log_metric", "median_ms")
     n = work.clients
     rows = [
         ("points per s, 1 client", rc["single"]["points_per_s"], mls, ",.0f"),
         (f"points per s, {n} clients", rc["multi"]["points_per_s"], mlm, ",.0f"),
-        ("seconds, 1 client", rc["single"]["seconds"], ml and ml["single"]["seconds"], ".2f"),
-        (f"seconds, {n} clients", rc["multi"]["seconds"], ml and ml["multi"]["seconds"], ".2f"),
-        ("slowest cold run (s)", rc["warmup_s"], ml and ml["warmup_s"], ".2f"),
-        ("server idle RSS (MB)", rc["idle_rss_mb"], ml and ml["idle_rss_mb"], ",.0f"),
-        ("server peak RSS (MB)", rc["peak_rss_mb"], ml and ml["peak_rss_mb"], ",.0f"),
+        ("seconds, 1 client", rc["single"]["seconds"], mlflow_at("single", "seconds"), ".2f"),
+        (f"seconds, {n} clients", rc["multi"]["seconds"], mlflow_at("multi", "seconds"), ".2f"),
+        ("slowest cold run (s)", rc["warmup_s"], mlflow_at("warmup_s"), ".2f"),
+        ("server idle RSS (MB)", rc["idle_rss_mb"], mlflow_at("idle_rss_mb"), ",.0f"),
+        ("server peak RSS (MB)", rc["peak_rss_mb"], mlflow_at("peak_rss_mb"), ",.0f"),
     ]
     print(
         f"\nIngest: {work.keys} keys x {work.steps:,} steps = {work.points:,} points per client; "
@@ -794,13 +804,13 @@ def report(work: Workload, rc: dict[str, Any], ml: dict[str, Any] | None) -> dic
         "log_call_us_median": rounded(call["median_us"], 3),
         "server_peak_rss_mb": rounded(rc["peak_rss_mb"], 1),
         "mlflow_log_metric_ms_median": rounded(metric_ms, 3),
-        "mlflow_peak_rss_mb": rounded(ml and ml["peak_rss_mb"], 1),
+        "mlflow_peak_rss_mb": rounded(mlflow_at("peak_rss_mb"), 1),
         "runcast_points_per_s_8_clients": rounded(rc["multi"]["points_per_s"], 0),
         "mlflow_points_per_s_8_clients": rounded(mlm, 0),
         "ratio_8_clients": rounded(ratio(rc["multi"]["points_per_s"], mlm), 2),
         "log_call_ratio": rounded(ratio(metric_ms and metric_ms * 1000, call["median_us"]), 0),
         "runcast_cold_run_s": rounded(rc["warmup_s"], 2),
-        "mlflow_cold_run_s": rounded(ml and ml["warmup_s"], 2),
+        "mlflow_cold_run_s": rounded(mlflow_at("warmup_s"), 2),
         "points": work.points,
         "clients": work.clients,
         "keys": work.keys,

@@ -52,7 +52,7 @@ def measure(settings: Settings, calls: int) -> tuple[list[float], dict]:
 def measure_timing(settings: Settings, calls: int) -> dict[str, tuple[float, float]]:
     """The per-rank step timing calls: timing(), step_timer() and log() in automatic mode."""
     timer = time.perf_counter_ns
-    out = {}
+    out: dict[str, tuple[float, float]] = {}
     run = runcast.init(name="bench", settings=settings, world_size=2, timings=True)
     # log_auto first: the first explicit timing() turns the automatic mode off in a process.
     for name in ("log_auto", "timing", "step_timer"):
