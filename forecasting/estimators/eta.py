@@ -341,10 +341,6 @@ def _fit(grid: np.ndarray, cg: np.ndarray, lo: int, hi: int, ramp: bool = False)
     return _Pace(level=level, slope=damping * raw_slope, w_mid=0.5 * (grid[hi] + grid[start]))
 
 
-# Bins in the running median that a pause is measured against.
-_PAUSE_WINDOW = 9
-
-
 def _regime_level(grid: np.ndarray, cg: np.ndarray, lo: int, start: int, hi: int) -> float:
     """Seconds per step of the regime [start, hi): its typical (median) bin pace times the
     run's pause overhead (mean / median pace of every bin since the warm-up).
@@ -371,7 +367,7 @@ def _regime_level(grid: np.ndarray, cg: np.ndarray, lo: int, start: int, hi: int
         typical = float(np.median(regime))
     # Each bin against the typical pace around it (a running median: stages move it, a pause
     # does not), so the overhead is the pauses' alone.
-    half = _PAUSE_WINDOW // 2
+    half = th.ETA_PAUSE_WINDOW // 2
     padded = np.pad(bins, half, mode="edge")
     local = np.median(np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1), axis=1)
     if not (typical > 0 and (local > 0).all()):

@@ -29,6 +29,9 @@ ETA_RECURRING_SPREAD = 5.0
 # inflated the interruption rate.
 ETA_PAUSE_MAX_INTERVALS = 10.0
 ETA_PAUSE_MAX_RECURRING = 3.0
+# Bins in the running median that a pause is measured against when its cost is spread over the
+# steps as overhead (eta._regime_level): wide enough that one pause does not move the median.
+ETA_PAUSE_WINDOW = 9
 # Leading rate bins slower than this multiple of the median are warm-up (torch.compile, data
 # loader start, cache fill) and are not used for the rate: compiled steps are 1.5-60x faster.
 ETA_WARMUP_FACTOR = 1.5
