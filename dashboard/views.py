@@ -16,7 +16,7 @@ from dashboard import pages
 from dashboard.forms import RunPlanForm
 from dashboard.presenters import board_view
 from forecasting.models import Forecast
-from forecasting.selectors import eta_history, forecast_latest
+from forecasting.selectors import eta_history, eta_history_rebuilt, forecast_latest
 from tracker import selectors
 from tracker.access import can_create_projects, membership_for, run_for
 from tracker.settings_services import run_plan_update
@@ -190,6 +190,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
             "loss_key": loss_key,
             "keys": keys,
             "eta_history": eta_history(run=run, limit=2000),
+            "eta_history_rebuilt": eta_history_rebuilt(run=run),
             "deadline": None
             if deadline is None
             else {

@@ -80,6 +80,14 @@ def eta_history(
     return [(c.timestamp(), p10, p50, p90) for c, p10, p50, p90 in reversed(rows)]
 
 
+def eta_history_rebuilt(*, run: Run) -> int:
+    """How many of the run's ETA forecasts were rebuilt from history it logged before its first
+    forecast (forecasting.services._eta_backfill), not made live."""
+    return Forecast.objects.filter(
+        run=run, kind=Forecast.Kind.ETA, data__has_key="as_of_history"
+    ).count()
+
+
 def active_run_ids() -> list[int]:
     """Runs the sweeper checks and re-forecasts (the (status, last_seen_at) index serves it)."""
     return list(Run.objects.filter(status__in=Run.ACTIVE_STATUSES).values_list("pk", flat=True))

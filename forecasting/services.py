@@ -8,7 +8,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -373,6 +373,7 @@ def _eta_and_deadline(
     eta = forecast_eta(progress.steps.astype(float), progress.times, run.total_steps, now=now_s)
     if eta is None:
         return None
+    _eta_backfill(run=run, progress=progress)
     last_step = int(progress.steps[-1])
     finish = (now_s + eta.wall_p10, now_s + eta.wall_p50, now_s + eta.wall_p90)
     _store(
@@ -404,8 +405,55 @@ def _eta_and_deadline(
     return conditions, odds
 
 
+# A run whose first forecast finds this much logged history (an import, a client that spooled
+# through an outage before the server first heard of it, the demo's replay) gets its ETA history
+# reconstructed: as-of forecasts at up to BACKFILL_POINTS times of its own data, each from the
+# points logged by then. Its ETA chart then starts at its start instead of being one point at the
+# right edge of hours of empty axis.
+BACKFILL_MIN_SPAN_S = 600.0
+BACKFILL_POINTS = 48
+
+
+def _eta_backfill(*, run: Run, progress: Series) -> int:
+    """Store the as-of ETA forecasts of a run's logged history, once, before its first live one.
+
+    They are marked `data["as_of_history"]`: the chart draws them, but the slip flag reads only
+    forecasts made live, so importing a run's past never sends an alert about it."""
+    times = progress.times
+    finite = times[np.isfinite(times)]
+    if finite.size < 2 or float(finite[-1] - finite[0]) < BACKFILL_MIN_SPAN_S:
+        return 0
+    if Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA).exists():
+        return 0
+    t0, t1 = float(finite[0]), float(finite[-1])
+    stored = 0
+    # Evenly spaced in the run's own time, from 5% in (a forecast needs a few points) to just
+    # before its last point (the live forecast's own).
+    for as_of in np.linspace(t0 + 0.05 * (t1 - t0), t1, BACKFILL_POINTS + 1)[:-1]:
+        seen = np.isfinite(times) & (times <= as_of)
+        if int(seen.sum()) < th.ETA_MIN_POINTS:
+            continue
+        steps = progress.steps[seen]
+        eta = forecast_eta(steps.astype(float), times[seen], run.total_steps, now=float(as_of))
+        if eta is None:
+            continue
+        at = float(as_of)
+        _store(
+            run=run,
+            kind=Forecast.Kind.ETA,
+            last_step=int(steps[-1]),
+            now=datetime.fromtimestamp(at, tz=UTC),
+            data={**eta.to_dict(), "as_of_history": True},
+            finish=(at + eta.wall_p10, at + eta.wall_p50, at + eta.wall_p90),
+        )
+        stored += 1
+    return stored
+
+
 def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
-    etas = Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False)
+    etas = Forecast.objects.filter(
+        run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False
+    ).exclude(data__has_key="as_of_history")
     # The slip window never exceeds SLIP_WINDOW_MAX_S and its length needs only the first
     # forecast: a run keeps ~40k ETA forecasts (a week in full), and this runs every 15 s.
     first = etas.order_by("computed_at").values_list("computed_at", "finish_p50").first()

@@ -128,7 +128,10 @@
       return;
     }
     etaPlot = new uPlot(opts, data, etaEl);
-    info("info-eta", h.length + (h.length === 1 ? " forecast" : " forecasts") + " · latest median finish " + R.fmtEpoch(last[2]));
+    // Forecasts rebuilt from history the run logged before Runcast first forecast it (an
+    // import, a spooled outage, the demo's replay) are said as such: nobody saw them live.
+    const rebuilt = (ov && ov.eta_history_rebuilt) || 0;
+    info("info-eta", h.length + (h.length === 1 ? " forecast" : " forecasts") + (rebuilt ? " (the first " + rebuilt + " rebuilt from the history it logged before its first forecast)" : "") + " · latest median finish " + R.fmtEpoch(last[2]));
   }
 
   function whiskers(u) {

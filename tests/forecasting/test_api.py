@@ -42,7 +42,9 @@ def test_it_returns_forecasts_and_open_flags(api, read_token, forecast_run):
     assert eta["data"]["compute_p50"] == pytest.approx(8_000, abs=80)
     assert 1.76e9 + 10_000 - 80 <= eta["finish_p50"] <= 1.76e9 + 10_000 + 800
     assert [f["kind"] for f in body["flags"]] == ["nan"]
-    assert len(body["eta_history"]) == 1
+    # The 2,000 s of history it logged before its first forecast, rebuilt, then the live one.
+    assert len(body["eta_history"]) == services.BACKFILL_POINTS + 1
+    assert body["eta_history"][-1][0] == pytest.approx(1.76e9 + 2000)
 
 
 def test_it_needs_the_read_scope_and_hides_other_projects(

@@ -80,13 +80,63 @@ def test_it_stores_eta_and_loss_forecasts_idempotently(project):
     send(run, steps, healthy_loss(steps), seq=1)
     services.forecast_compute(run_id=run.pk, now=at(4000))
     services.forecast_compute(run_id=run.pk, now=at(4000))
-    eta = Forecast.objects.get(run=run, kind="eta")
+    eta = Forecast.objects.exclude(data__has_key="as_of_history").get(run=run, kind="eta")
     assert Forecast.objects.filter(run=run, kind="loss").count() == 1
+    assert selectors.eta_history_rebuilt(run=run) == services.BACKFILL_POINTS  # once only
     # 6,000 steps left at one step per second.
     assert eta.finish_p50 == pytest.approx(T0 + 10_000, abs=60)
     assert eta.finish_p10 <= eta.finish_p50 <= eta.finish_p90
     assert eta.data["current_step"] == 3999
     assert not Flag.objects.filter(run=run).exists()
+
+
+def test_a_run_first_forecast_after_hours_of_history_gets_that_history_rebuilt(project):
+    # An import, a client that spooled through an outage, the demo's replay: 4,000 s logged
+    # before the first forecast. Its ETA chart would be one point at the end of an empty axis.
+    run = make_run(project)
+    steps = np.arange(4000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    services.forecast_compute(run_id=run.pk, now=at(4000))
+    history = selectors.eta_history(run=run)
+    assert len(history) == services.BACKFILL_POINTS + 1
+    made = [h[0] - T0 for h in history]
+    assert made[0] == pytest.approx(0.05 * 3999, abs=1) and made[-1] == pytest.approx(4000)
+    assert made == sorted(made)
+    rebuilt = Forecast.objects.filter(run=run, kind="eta", data__has_key="as_of_history")
+    for f in rebuilt:
+        # Each from the points logged by its own time: the step it had reached then.
+        assert f.data["current_step"] == pytest.approx(f.computed_at.timestamp() - T0, abs=1.5)
+        assert f.finish_p50 == pytest.approx(T0 + 10_000, rel=0.01)
+    # A run forecast from its first points on has nothing to rebuild.
+    live = make_run(project, run_id="live")
+    few = np.arange(100)
+    send(live, few, healthy_loss(few), seq=1)
+    services.forecast_compute(run_id=live.pk, now=at(100))
+    assert selectors.eta_history_rebuilt(run=live) == 0
+
+
+def test_a_slip_in_rebuilt_history_raises_nothing(project):
+    # The pace halves halfway through the history logged before the first forecast: the
+    # rebuilt forecasts slip, but that is the past of an import, not news for an alert.
+    run = make_run(project, total=20_000)
+    fast = np.arange(2000)
+    send(run, fast, healthy_loss(fast), seq=1)
+    slow = np.arange(2000, 4000)
+    batch_ingest(
+        run=run,
+        session="s1",
+        seq=2,
+        series=[SeriesIn("loss", slow, healthy_loss(slow), T0 + 2000 + (slow - 1999) * 2.0)],
+        events=[],
+        heartbeat=None,
+    )
+    services.forecast_compute(run_id=run.pk, now=at(6000))
+    rebuilt = selectors.eta_history(run=run)[:-1]
+    assert rebuilt[-1][2] - rebuilt[0][2] > 3600  # the rebuilt finish slipped by over an hour
+    # The slip detector reads the live forecasts only: read with the rebuilt ones, this one
+    # finds "finish slipped from 14:35 to 19:45 over 1.1 h" in the past of an import.
+    assert services._slip_condition(run=run, now=at(6000)) == []
+    assert not Flag.objects.filter(run=run, kind="slip").exists()
 
 
 def test_it_raises_a_nan_flag_once_and_names_the_rollback_checkpoint(project):
