@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
+from tests.dashboard import factories
 from tests.dashboard.test_browser import CHROMIUM, bare_page, browser  # noqa: F401
+from tracker.models import Deadline
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -27,3 +31,40 @@ def test_step_labels_are_exact(bare_page: Any, project: Any) -> None:  # noqa: F
     assert ticks == ["900", "9750", "10k", "10.25k", "10.75k", "12,345", "250k", "1234.56k"]
     texts = pg.evaluate("(s) => s.map(window.Runcast.stepText)", steps)
     assert texts == ["900", "9750", "10k", "10.25k", "10.75k", "12,345", "250k", "1234.56k"]
+
+
+def _aimed_run(project: Any, now: Any) -> Any:
+    """A running run aimed at a cutoff 3 h 10 min away (1 h buffer), ETAs 20 h and 1 min ago."""
+    deadline = Deadline.objects.create(
+        project=project,
+        slug="eval",
+        name="Eval",
+        cutoff=now + timedelta(hours=3, minutes=10),
+        timezone="UTC",
+        buffer=timedelta(hours=1),
+    )
+    run = factories.make_run(project, "aimed", deadline=deadline)
+    factories.forecast_set(run, now, finish_in=3 * 3600, p=0.6)
+    return run
+
+
+def test_eta_history_line_labels_leave_the_latest_forecast_visible(
+    bare_page: Any,  # noqa: F811
+    project: Any,
+) -> None:
+    # The cutoff and train-by labels sat at the right end of their lines, which is where the
+    # latest forecast always is: "train by Fri, 04:22 GMT+1" covered the newest P50 and whisker.
+    pg = bare_page
+    run = _aimed_run(project, timezone.now())
+    pg.goto(f"{pg.base}/runs/llm/{run.public_id}/")
+    pg.wait_for_selector("#charts[data-ready='1']", timeout=15_000)
+    got = pg.evaluate(
+        "() => { const u = window.runcastCharts.eta; const n = u.data[0].length;"
+        " return {x: u.valToPos(u.data[0][n - 1], 'x', true), px: devicePixelRatio,"
+        "  lines: (u.runcastDrawn || []).filter((d) => d.kind === 'line')}; }"
+    )
+    assert len(got["lines"]) == 2, got
+    margin = 8 * got["px"]  # the whisker's half width and a little air
+    for line in got["lines"]:
+        bx, _, bw, _ = line["box"]
+        assert got["x"] < bx - margin or got["x"] > bx + bw + margin, (line, got["x"])
