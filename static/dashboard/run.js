@@ -126,7 +126,9 @@
     );
     if (etaPlot) etaPlot.destroy();
     if (!h.length) {
-      info("info-eta", "No ETA forecast yet: the run needs a planned total and a few progress points.");
+      // An ended run will get none: "needs a planned total" read as a fault on a finished run
+      // that had both (it ended before the first forecast).
+      info("info-eta", urls.active === "1" ? "No ETA forecast yet: the run needs a planned total and a few progress points." : "No ETA forecast: the run ended before one was made.");
       return;
     }
     etaPlot = new uPlot(opts, data, etaEl);

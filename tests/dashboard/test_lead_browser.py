@@ -9,8 +9,9 @@ import pytest
 from django.utils import timezone
 
 from tests.dashboard import factories
+from tests.dashboard.realistic import forecasts_by_hand
 from tests.dashboard.test_browser import CHROMIUM, bare_page, browser  # noqa: F401
-from tracker.models import Deadline
+from tracker.models import Deadline, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -68,3 +69,15 @@ def test_eta_history_line_labels_leave_the_latest_forecast_visible(
     for line in got["lines"]:
         bx, _, bw, _ = line["box"]
         assert got["x"] < bx - margin or got["x"] > bx + bw + margin, (line, got["x"])
+
+
+def test_an_ended_run_without_eta_forecasts_says_so(bare_page: Any, project: Any) -> None:  # noqa: F811
+    # The demo's two runs replayed as already finished read "No ETA forecast yet: the run needs a
+    # planned total and a few progress points" though they had both: they ended before one.
+    pg = bare_page
+    with forecasts_by_hand():
+        run = factories.make_run(project, "short", total=1000)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+    pg.goto(f"{pg.base}/runs/llm/{run.public_id}/")
+    pg.wait_for_selector("#charts[data-ready='1']", timeout=15_000)
+    assert pg.inner_text("#info-eta") == "No ETA forecast: the run ended before one was made."
