@@ -702,6 +702,17 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             .values_list("received_at", flat=True)[:500]
         ][::-1]
     )
+    if run.current_segment > 1:
+        # A resume is contact: the job calls init before its first batch, and a sweep between
+        # the two read the crash's silence as the new attempt's (the demo drill's resume got
+        # "no heartbeat for 2 min", was marked crashed and its old NaN alert sent again).
+        resumed = (
+            run.segments.filter(number=run.current_segment)
+            .values_list("started_at", flat=True)
+            .first()
+        )
+        if resumed is not None:
+            beats = np.sort(np.append(beats, resumed.timestamp()))
     # Progress of the current attempt only: a resume goes back to a checkpoint, and its first
     # steps lie below the old attempt's furthest one without being a stall.
     # Chunks whose batch row retention deleted have no received time; they are days old.
