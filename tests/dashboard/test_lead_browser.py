@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from tests.dashboard import factories
 from tests.dashboard.realistic import forecasts_by_hand
-from tests.dashboard.test_browser import CHROMIUM, bare_page, browser  # noqa: F401
+from tests.dashboard.test_browser import CHROMIUM, bare_page, browser, page  # noqa: F401
 from tracker.models import Deadline, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -81,3 +81,18 @@ def test_an_ended_run_without_eta_forecasts_says_so(bare_page: Any, project: Any
     pg.goto(f"{pg.base}/runs/llm/{run.public_id}/")
     pg.wait_for_selector("#charts[data-ready='1']", timeout=15_000)
     assert pg.inner_text("#info-eta") == "No ETA forecast: the run ended before one was made."
+
+
+def test_board_figures_do_not_break_between_number_and_unit(page: Any) -> None:  # noqa: F811
+    # The demo board at 1400 px read "slipped 5 min · ±9.7" with "h" alone on the next line.
+    pg = page
+    broken: list[str] = []
+    for width in (1400, 1200):
+        pg.set_viewport_size({"width": width, "height": 1000})
+        pg.reload()
+        pg.wait_for_selector("section.lane")
+        broken += pg.evaluate(
+            "() => [...document.querySelectorAll('.lane-table td .sub span')]"
+            ".filter((s) => s.getClientRects().length > 1).map((s) => s.innerText)"
+        )
+    assert broken == []
