@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from alerts import selectors, services
 from alerts.models import Channel
+from tests.dashboard import factories
 from tracker.models import Project
+from tracker.settings_services import deadline_create
 
 
 def _rules(client: Client, owner: User) -> str:
@@ -37,3 +42,34 @@ def test_rules_give_the_cooldown_in_words(client: Client, owner: User, project: 
     html = _rules(client, owner)
     assert "1:00:00" not in html
     assert "<td>1 h</td>" in html
+
+
+def test_a_small_required_speedup_is_rounded_up(
+    client: Client, owner: User, project: Project
+) -> None:
+    # The demo board read "89% · needs +0% speed" (0.4% more throughput rounded to nothing).
+    now = timezone.now()
+    deadline = deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=now + timedelta(hours=8),
+        timezone="UTC",
+        buffer=timedelta(hours=1),
+    )
+    run = factories.make_run(project, "close", points=10, deadline=deadline)
+    factories.forecast_set(run, now, finish_in=3600)
+    factories.forecast(
+        run,
+        "deadline",
+        now,
+        p_on_time=0.89,
+        speedup_for_p90=0.004,
+        steps_cut_for_p90=12.0,
+        explanation="89% likely on time",
+    )
+    client.force_login(owner)
+    board = client.get("/").content.decode()
+    card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
+    assert "needs +1% speed" in board and "+0%" not in board
+    assert "For 90%: +1% throughput" in card
