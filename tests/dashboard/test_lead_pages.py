@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
+from django.contrib.staticfiles import finders
 from django.test import Client
 from django.utils import timezone
 
@@ -73,3 +76,14 @@ def test_a_small_required_speedup_is_rounded_up(
     card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
     assert "needs +1% speed" in board and "+0%" not in board
     assert "For 90%: +1% throughput" in card
+
+
+def test_pages_name_an_icon_that_exists(client: Client) -> None:
+    # Without one, browsers asked /favicon.ico on every visit: a 404 in the demo's web log and
+    # a failed request in the console.
+    html = client.get("/login/").content.decode()
+    found = re.search(r'<link rel="icon" href="([^"]+)"', html)
+    assert found, "no icon link"
+    href = found.group(1)
+    assert href.startswith(settings.STATIC_URL) or href.startswith("/" + settings.STATIC_URL)
+    assert finders.find(href.split(settings.STATIC_URL, 1)[1]) is not None
