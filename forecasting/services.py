@@ -544,7 +544,10 @@ def flags_sync(
         written.append(_flag_write(run, cond, state, prev.state if prev else "", now))
     for kind, prev in open_flags.items():
         if kind in kinds and kind not in current:
-            text = f"{kind} resolved: {reason}" if reason else f"{kind} cleared: {prev.explanation}"
+            # What the flag said, marked as past: "nan cleared: Loss ... is still not finite"
+            # read as the loss still being NaN in the very line that says it cleared.
+            said = f"{kind} cleared (it said: {prev.explanation})"
+            text = f"{kind} resolved: {reason}" if reason else said
             data = {"reason": reason, "closed_by_run_end": ended} if reason else {}
             cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))

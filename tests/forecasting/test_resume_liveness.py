@@ -1,4 +1,4 @@
-"""The liveness sweep at a resume: the job's init is contact, before its first batch."""
+"""Flags as a lead reads them: the liveness sweep at a resume, and what a cleared flag says."""
 
 from __future__ import annotations
 
@@ -44,3 +44,16 @@ def test_a_sweep_between_a_resume_and_its_first_batch_finds_no_stall(project):
     assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
     new = Flag.objects.filter(run=run).exclude(pk__in=before)
     assert list(new.values_list("kind", "state")) == []
+
+
+def test_a_cleared_flag_quotes_what_it_said_as_past(project):
+    # "nan cleared: Loss became NaN/Inf at step 10,000 ... and is still not finite" on the run
+    # page and the alert history: the line that says it cleared said the loss still was NaN.
+    from forecasting.services import Condition, flags_sync
+
+    run = make_run(project)
+    text = "Loss became NaN/Inf at step 10,000 and is still not finite."
+    flags_sync(run=run, conditions=[Condition("nan", text)], kinds=("nan",), now=timezone.now())
+    (cleared,) = flags_sync(run=run, conditions=[], kinds=("nan",), now=timezone.now())
+    assert cleared.state == Flag.State.RESOLVED
+    assert cleared.explanation == f"nan cleared (it said: {text})"
