@@ -96,3 +96,22 @@ def test_board_figures_do_not_break_between_number_and_unit(page: Any) -> None: 
             ".filter((s) => s.getClientRects().length > 1).map((s) => s.innerText)"
         )
     assert broken == []
+
+
+def test_alert_tables_read_as_tables(bare_page: Any, project: Any) -> None:  # noqa: F811
+    # The rules and channels tables were unstyled: headers centred over left-aligned cells, no
+    # rules between rows (the only tables of the app without the plain table style).
+    from alerts import services as alert_services
+    from alerts.models import Channel
+
+    alert_services.channel_create(
+        project=project, kind=Channel.Kind.EMAIL, name="lead", target="lead@example.com"
+    )
+    pg = bare_page
+    for name in ("rules", "channels"):
+        pg.goto(f"{pg.base}/projects/llm/alerts/{name}/")
+        aligns = pg.evaluate(
+            "() => [...document.querySelectorAll('main table th')]"
+            ".map((th) => getComputedStyle(th).textAlign)"
+        )
+        assert aligns and set(aligns) <= {"left", "start"}, (name, aligns)
