@@ -11,6 +11,7 @@ from django.utils import timezone
 from tests.dashboard import factories
 from tests.dashboard.realistic import forecasts_by_hand
 from tests.dashboard.test_browser import CHROMIUM, bare_page, browser, page  # noqa: F401
+from tests.dashboard.test_ranks_page import straggling  # noqa: F401
 from tracker.models import Deadline, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -115,3 +116,19 @@ def test_alert_tables_read_as_tables(bare_page: Any, project: Any) -> None:  # n
             ".map((th) => getComputedStyle(th).textAlign)"
         )
         assert aligns and set(aligns) <= {"left", "start"}, (name, aligns)
+
+
+def test_the_heat_map_of_a_few_ranks_leaves_no_blank_band(
+    bare_page: Any,  # noqa: F811
+    straggling: Any,  # noqa: F811
+) -> None:
+    # Eight ranks (and the demo's one) drew a 160-184 px heat map in a 250 px box: a blank band
+    # between the step axis and the note under it.
+    pg = bare_page
+    pg.goto(f"{pg.base}/runs/llm/r1/")
+    pg.wait_for_selector("#ranks-panel[data-ready='1']", timeout=20_000)
+    box, plot = pg.evaluate(
+        "() => [document.getElementById('chart-ranks').getBoundingClientRect().height,"
+        " window.runcastCharts.ranks.root.getBoundingClientRect().height]"
+    )
+    assert box - plot <= 4, (box, plot)
