@@ -12,9 +12,11 @@ from django.test import Client
 from django.utils import timezone
 
 from alerts import selectors, services
-from alerts.models import Channel
+from alerts.models import Channel, Notification
+from forecasting.models import Flag
+from tests.alerts.fixtures import flag_raise
 from tests.dashboard import factories
-from tracker.models import Project
+from tracker.models import Project, Run
 from tracker.settings_services import deadline_create
 
 
@@ -87,3 +89,21 @@ def test_pages_name_an_icon_that_exists(client: Client) -> None:
     href = found.group(1)
     assert href.startswith(settings.STATIC_URL) or href.startswith("/" + settings.STATIC_URL)
     assert finders.find(href.split(settings.STATIC_URL, 1)[1]) is not None
+
+
+def test_a_resolve_with_no_channel_says_there_is_no_channel(
+    client: Client, owner: User, run: Run
+) -> None:
+    # The demo's history (no channel configured) noted each resolve "its raise was not
+    # delivered on this channel (cooldown or failure)", beside a raise noted "no channel".
+    services.rules_ensure_defaults(project=run.project)
+    flag_raise(run, "nan")
+    services.flags_dispatch()
+    flag_raise(run, "nan", state=Flag.State.RESOLVED, explanation="nan cleared")
+    services.flags_dispatch()
+    notes = list(Notification.objects.filter(run=run).values_list("event", "reason"))
+    assert [event for event, _ in notes].count("resolved") == 1, notes
+    assert all(reason == services.NO_CHANNEL for _, reason in notes), notes
+    client.force_login(owner)
+    html = client.get("/projects/llm/alerts/").content.decode()
+    assert "cooldown or failure" not in html
