@@ -366,6 +366,10 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             return S.SUPPRESSED, "closed by the run's end: the run-end message says so"
         last = same_kind.filter(status__in=ACTIVE).order_by("-created_at", "-id").first()
         if last is None or last.event not in RAISES:
+            # With no channel nothing was delivered for the plain reason that there is none;
+            # "cooldown or failure" sent a lead looking for a fault.
+            if channel is None:
+                return S.SUPPRESSED, NO_CHANNEL
             return S.SUPPRESSED, "its raise was not delivered on this channel (cooldown or failure)"
         withdrawn = Notification.objects.filter(pk=last.pk, status=S.PENDING, tries=0).update(
             status=S.SUPPRESSED, reason="resolved before it went out"

@@ -144,7 +144,15 @@ def channel_test(request: HttpRequest, project: str, channel_id: int) -> HttpRes
 def rule_list(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     rows = selectors.rule_rows(project=membership.project)
-    context = {"project": membership.project, "membership": membership, "rows": rows}
+    # A rule without channels sends to every enabled one: with none enabled it sends nowhere,
+    # which "all enabled" hid.
+    enabled = membership.project.alert_channels.filter(enabled=True).exists()
+    context = {
+        "project": membership.project,
+        "membership": membership,
+        "rows": rows,
+        "any_enabled": enabled,
+    }
     return render(request, "alerts/rules.html", context)
 
 

@@ -592,7 +592,10 @@ def flags_sync(
         written.append(_flag_write(run, cond, state, prev.state if prev else "", now))
     for kind, prev in open_flags.items():
         if kind in kinds and kind not in current:
-            text = f"{kind} resolved: {reason}" if reason else f"{kind} cleared: {prev.explanation}"
+            # What the flag said, marked as past: "nan cleared: Loss ... is still not finite"
+            # read as the loss still being NaN in the very line that says it cleared.
+            said = f"{kind} cleared (it said: {prev.explanation})"
+            text = f"{kind} resolved: {reason}" if reason else said
             data = {"reason": reason, "closed_by_run_end": ended} if reason else {}
             cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_flag_write(run, cond, Flag.State.RESOLVED, prev.state, now))
@@ -750,6 +753,17 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             .values_list("received_at", flat=True)[:500]
         ][::-1]
     )
+    if run.current_segment > 1:
+        # A resume is contact: the job calls init before its first batch, and a sweep between
+        # the two read the crash's silence as the new attempt's (the demo drill's resume got
+        # "no heartbeat for 2 min", was marked crashed and its old NaN alert sent again).
+        resumed = (
+            run.segments.filter(number=run.current_segment)
+            .values_list("started_at", flat=True)
+            .first()
+        )
+        if resumed is not None:
+            beats = np.sort(np.append(beats, resumed.timestamp()))
     # Progress of the current attempt only: a resume goes back to a checkpoint, and its first
     # steps lie below the old attempt's furthest one without being a stall.
     # Chunks whose batch row retention deleted have no received time; they are days old.

@@ -40,6 +40,15 @@ def pct(value: float | None, digits: int = 0) -> str:
 
 
 @register.filter
+def need_pct(value: float | None) -> str:
+    """A required increase, rounded up: 0.4% more throughput is 'needs +1%', not '+0%' (the
+    demo board read '89% · needs +0% speed')."""
+    if value is None:
+        return NONE
+    return f"{math.ceil(value * 100 - 1e-9):.0f}%"
+
+
+@register.filter
 def signed_pct(value: float | None) -> str:
     if value is None:
         return ""

@@ -47,15 +47,31 @@ def when(
     return f"{text} {zone_name(moment)}" if zone else text
 
 
+# Abbreviations tzdata gives zones with different offsets: CST is US Central (UTC-6), Cuba
+# (UTC-5) and China (UTC+8); IST India, Israel and Ireland; PST the US Pacific and the
+# Philippines. A lead in Chicago read the demo's "cutoff 12-04 13:22 CST" (Shanghai) 14 h off.
+AMBIGUOUS_ZONES = frozenset({"CST", "CDT", "IST", "PST"})
+
+
 def zone_name(moment: datetime) -> str:
     """'CEST', 'UTC'; 'UTC-3', 'UTC+5:45' where the zone has no letters (tzdata writes '-03',
-    which after a time read as a subtraction: '05-28 17:26 -03')."""
+    which after a time read as a subtraction: '05-28 17:26 -03'); 'CST (UTC+8)' where the
+    letters name several zones."""
     name = moment.strftime("%Z")
+    if name in AMBIGUOUS_ZONES:
+        return f"{name} ({_utc_offset(moment)})"
     if not name or name[0] not in "+-":
         return name
-    digits = name[1:]
-    hours, minutes = int(digits[:2]), digits[2:4]
-    return f"UTC{name[0]}{hours}" + (f":{minutes}" if minutes and minutes != "00" else "")
+    return _utc_offset(moment)
+
+
+def _utc_offset(moment: datetime) -> str:
+    """'UTC+8', 'UTC-3', 'UTC+5:45'."""
+    offset = moment.utcoffset()
+    minutes = round(offset.total_seconds() / 60) if offset is not None else 0
+    sign = "-" if minutes < 0 else "+"
+    hours, rest = divmod(abs(minutes), 60)
+    return f"UTC{sign}{hours}" + (f":{rest:02d}" if rest else "")
 
 
 def money(amount: float | None, currency: str = "USD") -> str:

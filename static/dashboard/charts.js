@@ -60,8 +60,15 @@ window.Runcast = (function () {
   };
   const NONFINITE = "#c0392b";
 
-  // Steps as short text: 900, 12.5k.
-  const stepText = (v) => (Math.abs(v) >= 1e4 ? +(v / 1e3).toFixed(1) + "k" : String(Math.round(v)));
+  // Steps as short text that stays exact: 900, 12.5k, 10.25k, 12,345 (a tick at 10,250 read
+  // "10.3k" and a rollback checkpoint at step 12,250 "12.3k": a step nobody can find).
+  function stepText(v) {
+    if (v == null) return "";
+    const r = Math.round(v);
+    if (Math.abs(v - r) > 1e-6) return v.toLocaleString("en-US", { maximumFractionDigits: 2 });
+    if (Math.abs(r) >= 1e4 && r % 10 === 0) return +(r / 1e3).toFixed(2) + "k";
+    return Math.abs(r) >= 1e4 ? r.toLocaleString("en-US") : String(r);
+  }
 
   function markerText(m) {
     if (m.kind === "onset" || m.kind === "rollback" || m.kind === "straggler") return m.label + " · step " + stepText(m.step);
@@ -211,7 +218,7 @@ window.Runcast = (function () {
     return out;
   }
 
-  const fmtStep = (u, vals) => vals.map((v) => (v == null ? "" : Math.abs(v) >= 1e4 ? (v / 1e3).toFixed(v % 1e3 ? 1 : 0) + "k" : String(v)));
+  const fmtStep = (u, vals) => vals.map((v) => (v == null ? "" : Math.abs(v) >= 1e4 ? stepText(v) : String(v)));
 
   // --- times: every time shown names its zone ------------------------------------------------
   const formats = {};
@@ -353,5 +360,5 @@ window.Runcast = (function () {
     return { load, reset, state };
   }
 
-  return { getJSON, ema, fmtClock, logRange, bucketsFor, rangeQuery, overlay, merge, fmtStep, fmtEpoch, zoneName, numValues, timeValues, axis, timeAxis, axisSize, positive, rangeChart, zoomCursor };
+  return { getJSON, ema, stepText, fmtClock, logRange, bucketsFor, rangeQuery, overlay, merge, fmtStep, fmtEpoch, zoneName, numValues, timeValues, axis, timeAxis, axisSize, positive, rangeChart, zoomCursor };
 })();

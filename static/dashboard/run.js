@@ -81,9 +81,11 @@
     const data = [h.map((r) => r[0]), h.map((r) => r[1]), h.map((r) => r[2]), h.map((r) => r[3])];
     const dl = ov && ov.deadline;
     const lines = [];
+    // Labels at the left end: the right end is where the latest forecast always is, and a label
+    // there covered the newest P50 and its whisker.
     if (dl) {
-      lines.push({ y: dl.cutoff, label: "cutoff " + R.fmtEpoch(dl.cutoff), color: "#c0392b", above: true });
-      if (dl.train_by !== dl.cutoff) lines.push({ y: dl.train_by, label: "train by " + R.fmtEpoch(dl.train_by), color: "#c0392b", dash: [6, 4] });
+      lines.push({ y: dl.cutoff, label: "cutoff " + R.fmtEpoch(dl.cutoff), color: "#c0392b", above: true, left: true });
+      if (dl.train_by !== dl.cutoff) lines.push({ y: dl.train_by, label: "train by " + R.fmtEpoch(dl.train_by), color: "#c0392b", dash: [6, 4], left: true });
     }
     // Early forecasts are wide; the range follows the medians, the latest band and the cutoff
     // so the recent history stays readable (the early band is clipped, not hidden).
@@ -124,7 +126,9 @@
     );
     if (etaPlot) etaPlot.destroy();
     if (!h.length) {
-      info("info-eta", "No ETA forecast yet: the run needs a planned total and a few progress points.");
+      // An ended run will get none: "needs a planned total" read as a fault on a finished run
+      // that had both (it ended before the first forecast).
+      info("info-eta", urls.active === "1" ? "No ETA forecast yet: the run needs a planned total and a few progress points." : "No ETA forecast: the run ended before one was made.");
       return;
     }
     etaPlot = new uPlot(opts, data, etaEl);

@@ -117,9 +117,9 @@ def test_it_says_a_deadline_risk_in_the_leads_language(
 
     text, _ = mailbox.bodies(mailbox.messages[0])
     assert text.splitlines()[0] == (
-        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 18:00 CST, "
-        "3 days buffer): P50 finish moved from 05-28 12:00 CST to 06-03 11:40 CST in 24 h; "
-        "12% chance "
+        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 18:00 "
+        "CST (UTC+8), 3 days buffer): P50 finish moved from 05-28 12:00 CST (UTC+8) to "
+        "06-03 11:40 CST (UTC+8) in 24 h; 12% chance "
         "to make it; it needs 18% more throughput"
     )
 

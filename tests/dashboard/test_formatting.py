@@ -24,3 +24,21 @@ def test_a_moment_under_a_minute_ago_is_just_now() -> None:
     assert ago(now - timedelta(seconds=20), now) == "just now"
     assert ago(now - timedelta(minutes=3, seconds=5), now) == "3\xa0minutes ago"
     assert ago(None, now) == NONE
+
+
+def test_an_abbreviation_several_zones_share_gets_its_offset() -> None:
+    # The demo's drill flag read "finish slipped from 12-04 06:29 CST" (Asia/Shanghai, the
+    # project's zone) beside the card's "Thu, Dec 3, 23:32 GMT+1": CST is also US Central, 14 h
+    # away, and the Conference lane's cutoff is announced in Shanghai.
+    from zoneinfo import ZoneInfo
+
+    from forecasting.estimators import formatting as fmt
+
+    t = 1796337720.0  # 2026-12-03 22:42 UTC
+    assert fmt.when(t, ZoneInfo("Asia/Shanghai")) == "12-04 06:42 CST (UTC+8)"
+    assert fmt.when(t, ZoneInfo("America/Chicago")) == "12-03 16:42 CST (UTC-6)"
+    assert fmt.when(t, ZoneInfo("Asia/Kolkata")) == "12-04 04:12 IST (UTC+5:30)"
+    assert fmt.when(t, ZoneInfo("Asia/Manila")) == "12-04 06:42 PST (UTC+8)"
+    # Unambiguous names stay as they are.
+    assert fmt.when(t, ZoneInfo("Europe/Berlin")) == "12-03 23:42 CET"
+    assert fmt.when(t, ZoneInfo("America/Los_Angeles")) == "12-03 14:42 PST (UTC-8)"
