@@ -405,15 +405,6 @@ def _eta_and_deadline(
     return conditions, odds
 
 
-# A run whose first forecast finds this much logged history (an import, a client that spooled
-# through an outage before the server first heard of it, the demo's replay) gets its ETA history
-# reconstructed: as-of forecasts at up to BACKFILL_POINTS times of its own data, each from the
-# points logged by then. Its ETA chart then starts at its start instead of being one point at the
-# right edge of hours of empty axis.
-BACKFILL_MIN_SPAN_S = 600.0
-BACKFILL_POINTS = 48
-
-
 def _eta_backfill(*, run: Run, progress: Series) -> int:
     """Store the as-of ETA forecasts of a run's logged history, once, before its first live one.
 
@@ -421,7 +412,7 @@ def _eta_backfill(*, run: Run, progress: Series) -> int:
     forecasts made live, so importing a run's past never sends an alert about it."""
     times = progress.times
     finite = times[np.isfinite(times)]
-    if finite.size < 2 or float(finite[-1] - finite[0]) < BACKFILL_MIN_SPAN_S:
+    if finite.size < 2 or float(finite[-1] - finite[0]) < th.ETA_BACKFILL_MIN_SPAN_S:
         return 0
     if Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA).exists():
         return 0
@@ -429,7 +420,7 @@ def _eta_backfill(*, run: Run, progress: Series) -> int:
     stored = 0
     # Evenly spaced in the run's own time, from 5% in (a forecast needs a few points) to just
     # before its last point (the live forecast's own).
-    for as_of in np.linspace(t0 + 0.05 * (t1 - t0), t1, BACKFILL_POINTS + 1)[:-1]:
+    for as_of in np.linspace(t0 + 0.05 * (t1 - t0), t1, th.ETA_BACKFILL_POINTS + 1)[:-1]:
         seen = np.isfinite(times) & (times <= as_of)
         if int(seen.sum()) < th.ETA_MIN_POINTS:
             continue

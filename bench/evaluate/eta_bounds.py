@@ -2,8 +2,10 @@
 the run's prefix can meet issue 9's two coverage goals at once.
 
 The goals: the 80% interval covers 75-85% of real outcomes at every cut-off, and >= 70% of
-outcomes with injected faults (bench.evaluate.faults). This script replays the same forecasts as
-`bench.evaluate` and prints, per cut-off:
+outcomes with injected faults (bench.evaluate.faults). This script replays the forecasts of
+`bench.evaluate` at the same cut-offs and faults (every one Runcast makes, where bench.evaluate
+keeps those every baseline answers too, so its figures differ by a point or two) and prints,
+per cut-off:
 
 * where real outcomes fall against the pace-only forecast (compute P50): log(actual / compute
   P50) at its 10th and 15th percentiles, and how many outcomes fall outside P10 or P90;

@@ -32,6 +32,13 @@ ETA_PAUSE_MAX_RECURRING = 3.0
 # Bins in the running median that a pause is measured against when its cost is spread over the
 # steps as overhead (eta._regime_level): wide enough that one pause does not move the median.
 ETA_PAUSE_WINDOW = 9
+# A run whose first forecast finds this much logged history (an import, a client that spooled
+# through an outage before the server first heard of it, the demo's replay) gets its ETA history
+# reconstructed (forecasting.services._eta_backfill): as-of forecasts at this many times of its
+# own data, each from the points logged by then. Its ETA chart then starts at its start instead
+# of being one point at the right edge of hours of empty axis.
+ETA_BACKFILL_MIN_SPAN_S = 600.0
+ETA_BACKFILL_POINTS = 48
 # Leading rate bins slower than this multiple of the median are warm-up (torch.compile, data
 # loader start, cache fill) and are not used for the rate: compiled steps are 1.5-60x faster.
 ETA_WARMUP_FACTOR = 1.5

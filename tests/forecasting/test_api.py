@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from forecasting import services
+from forecasting.estimators import thresholds as th
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +44,7 @@ def test_it_returns_forecasts_and_open_flags(api, read_token, forecast_run):
     assert 1.76e9 + 10_000 - 80 <= eta["finish_p50"] <= 1.76e9 + 10_000 + 800
     assert [f["kind"] for f in body["flags"]] == ["nan"]
     # The 2,000 s of history it logged before its first forecast, rebuilt, then the live one.
-    assert len(body["eta_history"]) == services.BACKFILL_POINTS + 1
+    assert len(body["eta_history"]) == th.ETA_BACKFILL_POINTS + 1
     assert body["eta_history"][-1][0] == pytest.approx(1.76e9 + 2000)
 
 

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from forecasting import selectors, services
+from forecasting.estimators import thresholds as th
 from forecasting.models import Flag, Forecast
 from tracker.models import Deadline, Run, RunSegment
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
@@ -82,7 +83,7 @@ def test_it_stores_eta_and_loss_forecasts_idempotently(project):
     services.forecast_compute(run_id=run.pk, now=at(4000))
     eta = Forecast.objects.exclude(data__has_key="as_of_history").get(run=run, kind="eta")
     assert Forecast.objects.filter(run=run, kind="loss").count() == 1
-    assert selectors.eta_history_rebuilt(run=run) == services.BACKFILL_POINTS  # once only
+    assert selectors.eta_history_rebuilt(run=run) == th.ETA_BACKFILL_POINTS  # once only
     # 6,000 steps left at one step per second.
     assert eta.finish_p50 == pytest.approx(T0 + 10_000, abs=60)
     assert eta.finish_p10 <= eta.finish_p50 <= eta.finish_p90
@@ -98,7 +99,7 @@ def test_a_run_first_forecast_after_hours_of_history_gets_that_history_rebuilt(p
     send(run, steps, healthy_loss(steps), seq=1)
     services.forecast_compute(run_id=run.pk, now=at(4000))
     history = selectors.eta_history(run=run)
-    assert len(history) == services.BACKFILL_POINTS + 1
+    assert len(history) == th.ETA_BACKFILL_POINTS + 1
     made = [h[0] - T0 for h in history]
     assert made[0] == pytest.approx(0.05 * 3999, abs=1) and made[-1] == pytest.approx(4000)
     assert made == sorted(made)
