@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/runcast_gpu .venv/bin/python -m bench.gpu_store
 
-Drives tracker.gpu_services directly (the API's parsing is the same as for runs, measured by
+Drives tracker.gpu directly (the API's parsing is the same as for runs, measured by
 bench/ingest.py). Each host sends what `runcast agent` sends: per GPU util (6 NVML samples a
 second), mem_util, mem_used, power_w, sm_clock, temp, throttle, and two processes with sm, mem,
 mem_used, in batches of `--batch-s` seconds (the agent's RUNCAST_FLUSH_INTERVAL). Baseline in the
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     setup(os.environ.get("DATABASE_URL"))
-    from tracker import gpu_services
+    from tracker.gpu import selectors, services
     from tracker.models import Host, HostBatch, Project
 
     rng = np.random.default_rng(0)
     project = Project.objects.create(slug=f"bench-{uuid.uuid4().hex[:8]}", name="bench")
     hosts = [
-        gpu_services.host_register(project=project, name=f"node-{i}", boot_id="b", gpus=[])[0]
+        services.host_register(project=project, name=f"node-{i}", boot_id="b", gpus=[])[0]
         for i in range(args.hosts)
     ]
     start = 1_800_000_000.0
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     for k in range(batches):
         for host in hosts:
-            gpu_services.host_batch_ingest(
+            services.host_batch_ingest(
                 host=host, session="s", seq=k, series=payloads[k % 4], processes=[]
             )
     ingest_s = time.perf_counter() - began
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     seq = 0
     for k in range(batches):
         for key, column in payloads[k % 4].items():
-            gpu_services.host_batch_ingest(
+            services.host_batch_ingest(
                 host=base_host, session="s", seq=seq, series={key: column}, processes=[]
             )
             seq += 1
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0=start + k * args.batch_s,
                 t1=start + (k + 1) * args.batch_s - 1,
                 keys=sorted(shifted),
-                data=gpu_services.pack(shifted),
-                summary=gpu_services.util_summary(shifted),
+                data=services.pack(shifted),
+                summary=services.util_summary(shifted),
             )
         )
     HostBatch.objects.bulk_create(rows, batch_size=500)
@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     inflate_s = time.perf_counter() - began
     del blobs
     began = time.perf_counter()
-    one = gpu_services.host_series(host=day, t0=start, t1=start + 86_400, prefix="gpu/0/util")
+    one = selectors.host_series(host=day, t0=start, t1=start + 86_400, prefix="gpu/0/util")
     read_one_s = time.perf_counter() - began
     began = time.perf_counter()
-    every = gpu_services.host_series(host=day, t0=start, t1=start + 86_400)
+    every = selectors.host_series(host=day, t0=start, t1=start + 86_400)
     read_all_s = time.perf_counter() - began
     began = time.perf_counter()
-    heat = gpu_services.host_util_summary(host=day, t0=start, t1=start + 86_400)
+    heat = selectors.host_util_summary(host=day, t0=start, t1=start + 86_400)
     read_summary_s = time.perf_counter() - began
     size = sum(len(r.data) for r in rows)
     result = {

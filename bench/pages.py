@@ -78,8 +78,8 @@ def _seed() -> dict[str, Any]:
     from forecasting import receivers
     from forecasting.models import Flag, Forecast
     from tracker.models import Event, Membership, Project, Run
+    from tracker.project_settings.services import deadline_create
     from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
-    from tracker.settings_services import deadline_create
     from tracker.signals import run_ingested
 
     # Forecasting would run per batch; the bench measures pages, so data is written directly.

@@ -8,7 +8,7 @@ from ninja.errors import AuthenticationError, ValidationError
 from ninja.errors import HttpError as NinjaHttpError
 
 from forecasting.api import router as forecasting_router
-from tracker.api.gpu_views import router as gpu_router
+from tracker.api.gpu import router as gpu_router
 from tracker.api.views import router as tracker_router
 from tracker.services import ServiceError
 

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 from forecasting import gpu_services
 from forecasting.estimators.formatting import when
 from tracker.access import membership_for
-from tracker.gpu_services import host_for_token
+from tracker.gpu.selectors import host_for_token
 
 
 @login_required

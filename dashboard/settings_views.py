@@ -12,11 +12,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from dashboard import forms
 from tracker import invitations
-from tracker import settings_selectors as sel
-from tracker import settings_services as svc
 from tracker.access import can_create_projects, membership_for
 from tracker.demo import is_demo
 from tracker.models import Deadline, Membership, Project
+from tracker.project_settings import selectors as sel
+from tracker.project_settings import services as svc
 from tracker.services import ServiceError, token_create, token_revoke
 
 

@@ -22,9 +22,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 from dashboard import forms
 from dashboard.settings_views import _page as settings_page
 from tracker import invitations
-from tracker import settings_services as svc
 from tracker.access import membership_for, project_create_check
 from tracker.models import Invitation
+from tracker.project_settings import services as svc
 from tracker.services import ServiceError
 
 

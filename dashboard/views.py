@@ -19,7 +19,7 @@ from forecasting.models import Forecast
 from forecasting.selectors import eta_history, eta_history_rebuilt, forecast_latest
 from tracker import selectors
 from tracker.access import can_create_projects, membership_for, run_for
-from tracker.settings_services import run_plan_update
+from tracker.project_settings.services import run_plan_update
 
 MAX_BUCKETS = 2_000
 # Pages poll their partials at these intervals while a run is active (htmx `every`).

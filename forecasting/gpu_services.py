@@ -24,7 +24,7 @@ from django.utils import timezone
 from forecasting.estimators import gpu_attribution as gattr
 from forecasting.estimators.formatting import span, when
 from forecasting.models import Flag
-from tracker import gpu_services as store
+from tracker.gpu import selectors as store
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run, RunProcess
 from tracker.selectors import loss_key_for, series_keys, series_load
 

@@ -20,7 +20,7 @@ from tests.alerts.fixtures import flag_raise
 from tracker import invitations
 from tracker.admin import ReadOnlyAdmin
 from tracker.models import ApiToken, GpuEpisode, Host, Invitation, Membership, Project, Run
-from tracker.settings_services import deadline_create
+from tracker.project_settings.services import deadline_create
 
 pytestmark = pytest.mark.django_db
 

@@ -279,7 +279,7 @@ class EventAdmin(ReadOnlyAdmin):
     readonly_fields = fields
 
 
-# -- GPU telemetry (tracker/gpu_models.py): written by the agent's batches and the GPU check ----
+# -- GPU telemetry (tracker/gpu/models.py): written by the agent's batches and the GPU check ----
 
 
 @admin.register(Host)

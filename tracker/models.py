@@ -438,8 +438,9 @@ class RankTimingChunk(models.Model):
         return f"{self.run} rank {self.rank} steps {self.min_step}-{self.max_step}"
 
 
-# GPU telemetry (hosts, agent batches, processes, episodes) lives in its own module.
-from tracker.gpu_models import (  # noqa: E402, F401
+# GPU telemetry (hosts, agent batches, processes, episodes) lives in tracker/gpu/; imported here
+# so that its models are registered in this app.
+from tracker.gpu.models import (  # noqa: E402, F401
     GpuEpisode,
     Host,
     HostBatch,

@@ -20,8 +20,8 @@ from curveset import CurveRow, curve_rows
 from forecasting import receivers
 from forecasting.services import forecast_compute
 from tracker.models import Deadline, Event, Project, Run
+from tracker.project_settings.services import deadline_create
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
-from tracker.settings_services import deadline_create
 from tracker.signals import run_finished, run_ingested
 
 DATA = Path(__file__).resolve().parents[2] / "demo" / "data"

@@ -8,7 +8,7 @@ from django.utils import timezone
 from dashboard.pages import board_for_user
 from tests.dashboard.factories import flag, forecast_set, make_run
 from tracker.models import Run
-from tracker.settings_services import deadline_create
+from tracker.project_settings.services import deadline_create
 
 pytestmark = pytest.mark.django_db
 

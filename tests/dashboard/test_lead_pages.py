@@ -17,7 +17,7 @@ from forecasting.models import Flag
 from tests.alerts.fixtures import flag_raise
 from tests.dashboard import factories
 from tracker.models import Project, Run
-from tracker.settings_services import deadline_create
+from tracker.project_settings.services import deadline_create
 
 
 def _rules(client: Client, owner: User) -> str:

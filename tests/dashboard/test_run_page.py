@@ -185,7 +185,7 @@ def test_compare_overlays_only_this_projects_runs(client, member, project, other
 
 
 def _blind_eval_in_8_hours(project):
-    from tracker.settings_services import deadline_create
+    from tracker.project_settings.services import deadline_create
 
     return deadline_create(
         project=project,

@@ -6,7 +6,7 @@ import pytest
 
 from tracker import tokens
 from tracker.models import ApiToken, Deadline, Membership
-from tracker.settings_services import deadline_create
+from tracker.project_settings.services import deadline_create
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from runcast.agent import NVML_RETRY_S, Agent
 from runcast.settings import Settings
 
 from tests.client.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tracker import gpu_services
+from tracker.gpu import selectors
 from tracker.models import ApiToken, Host, HostBatch, HostProcess, Project
 from tracker.services import token_create
 
@@ -171,7 +171,7 @@ def test_an_outage_spools_and_the_next_agent_replays_it(
     stop.set()
     back.close(timeout=5.0)
     host = Host.objects.get(project=project, name="node-1")
-    series = gpu_services.host_series(host=host, t0=0, t1=2e9)
+    series = selectors.host_series(host=host, t0=0, t1=2e9)
     times = series["gpu/0/power_w"][0]
     assert np.array_equal(np.unique(times), 1_800_000_000.0 + np.arange(1, 22))
     assert HostProcess.objects.filter(host=host, pid=os.getpid()).count() == 1

@@ -11,8 +11,8 @@ import pytest
 
 from forecasting import gpu_services
 from forecasting.models import Flag
-from tracker import gpu_services as store
 from tracker import services
+from tracker.gpu import services as store
 from tracker.models import HostProcess, Project, Run
 
 pytestmark = pytest.mark.django_db

@@ -26,8 +26,10 @@ from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, r
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from tracker import gpu_services, invitations, settings_services
+from tracker import invitations
+from tracker.gpu import services as gpu_services
 from tracker.models import ApiToken, Deadline, Membership, Project, Run
+from tracker.project_settings import services as settings_services
 from tracker.services import token_create
 
 pytestmark = pytest.mark.django_db

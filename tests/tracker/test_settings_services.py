@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from tracker.project_settings.services import parse_targets
 from tracker.services import ServiceError
-from tracker.settings_services import parse_targets
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-Infinity"])

@@ -9,7 +9,7 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from tracker import gpu_services, limits, selectors, services
+from tracker import limits, selectors, services
 from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.parsing import (
@@ -27,6 +27,7 @@ from tracker.api.schemas import (
     RunOut,
     TimingsIn,
 )
+from tracker.gpu.services import run_process_record
 from tracker.links import run_url
 from tracker.models import ApiToken, Run
 
@@ -86,7 +87,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
     )
     result.run.project = token.project
     if payload.process:
-        gpu_services.run_process_record(
+        run_process_record(
             run=result.run,
             session=payload.session,
             host=payload.hosts[0] if payload.hosts else "",

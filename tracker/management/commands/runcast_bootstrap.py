@@ -21,8 +21,8 @@ from django.urls import reverse
 from django.utils.text import slugify
 
 from tracker.models import Membership, Project
+from tracker.project_settings.services import project_create
 from tracker.services import ServiceError
-from tracker.settings_services import project_create
 
 
 class Command(BaseCommand):

@@ -8,10 +8,10 @@ from django.http import HttpRequest
 from ninja import Router, Schema, Status
 from pydantic import Field
 
-from tracker import gpu_services
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.parsing import json_check
 from tracker.api.schemas import SESSION_PATTERN, BatchIn, BatchOut, ErrorOut, Text
+from tracker.gpu import selectors, services
 from tracker.models import ApiToken
 from tracker.services import ServiceError
 
@@ -38,7 +38,7 @@ def host_create(request: HttpRequest, payload: HostIn) -> Status:
     token = require_scope(request, ApiToken.Scope.WRITE)
     # Free-form JSON, stored as it came: what the database cannot store is refused by name.
     json_check(payload.gpus, field="gpus")
-    host, created = gpu_services.host_register(
+    host, created = services.host_register(
         project=token.project, name=payload.host, boot_id=payload.boot_id, gpus=payload.gpus
     )
     out = HostOut(host=host.name, project=token.project.slug, gpus=len(host.gpus))
@@ -50,12 +50,12 @@ def host_batch(request: HttpRequest, host: str, payload: BatchIn) -> BatchOut:
     """GPU and process series (`gpu/<i>/...`) and process descriptions (custom events named
     "process"). A retried (session, seq) is a no-op."""
     token = require_scope(request, ApiToken.Scope.WRITE)
-    target = gpu_services.host_for_token(project=token.project, name=host)
-    series = gpu_services.check_series(payload.metrics)
+    target = selectors.host_for_token(project=token.project, name=host)
+    series = services.check_series(payload.metrics)
     for i, event in enumerate(payload.events):
         json_check(event.payload, field=f"events[{i}].payload")
     processes = [_process(i, e.payload, e.time) for i, e in enumerate(payload.events)]
-    result = gpu_services.host_batch_ingest(
+    result = services.host_batch_ingest(
         host=target,
         session=payload.session,
         seq=payload.seq,
@@ -68,7 +68,7 @@ def host_batch(request: HttpRequest, host: str, payload: BatchIn) -> BatchOut:
 @router.post("/hosts/{host}/finish", response={200: HostOut, **ERRORS}, summary="Agent stopped")
 def host_finish(request: HttpRequest, host: str) -> HostOut:
     token = require_scope(request, ApiToken.Scope.WRITE)
-    target = gpu_services.host_for_token(project=token.project, name=host)
+    target = selectors.host_for_token(project=token.project, name=host)
     return HostOut(host=target.name, project=token.project.slug, gpus=len(target.gpus))
 
 

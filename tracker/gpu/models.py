@@ -42,9 +42,9 @@ class HostBatch(models.Model):
     t0 = models.FloatField()
     t1 = models.FloatField()
     keys = models.JSONField(default=list)
-    # zlib(JSON header + float64 columns): see tracker.gpu_services.pack.
+    # zlib(JSON header + float64 columns): see tracker.gpu.services.pack.
     data = models.BinaryField()
-    # Per GPU [mean, max] utilisation of the batch (tracker.gpu_services.util_summary).
+    # Per GPU [mean, max] utilisation of the batch (tracker.gpu.services.util_summary).
     summary = models.JSONField(default=dict)
     received_at = models.DateTimeField(default=now)
 
