@@ -34,9 +34,8 @@ from bench import throwaway_secret_key
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import ingest  # noqa: E402  (database helpers)
+from bench import harness  # noqa: E402  (database helpers)
 
 DB = os.environ.get("BENCH_DB", "runcast_capacity")
 DATA = ROOT.parent / "shared" / "data" / "curves"
@@ -48,7 +47,7 @@ T0 = 1.7e9
 
 def setup_django() -> None:
     os.environ.update(
-        DATABASE_URL=f"{ingest.PG_URL}/{DB}",
+        DATABASE_URL=f"{harness.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
         SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL="memory://",
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     curves = real_curves(args.data)
-    ingest.recreate_db(DB)
+    harness.recreate_db(DB)
     rows = []
     try:
         from django.core.management import call_command
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.runs):
                 curve = curves[(pick * 37) % len(curves)]  # spread over the set
                 pick += 1
-                ingest.log(f"{points:,} points per key: run {r + 1}/{args.runs}")
+                harness.log(f"{points:,} points per key: run {r + 1}/{args.runs}")
                 run, arrays = build_run(project, f"n{points}-{r}", points, curve)
                 timings.append(time_run(run, arrays, points, args.repeat))
 
@@ -228,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.db import connections
 
         connections.close_all()
-        ingest.drop_db(DB)
+        harness.drop_db(DB)
     print(f"\nOne worker process, one forecast per run per {CADENCE_S:g} s; {os.cpu_count()} CPUs")
     print(
         f"{'points/key':>11s} {'forecast wall':>14s} {'CPU (of it DB)':>16s} {'liveness wall':>14s}"

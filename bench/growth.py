@@ -37,9 +37,8 @@ from bench import throwaway_secret_key
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import ingest  # noqa: E402  (database helpers)
+from bench import harness  # noqa: E402  (database helpers)
 
 DB = os.environ.get("BENCH_DB", "runcast_growth")
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "grad_norm/attn", "mfu", "step_ms", "ppl")
@@ -56,7 +55,7 @@ HEARTBEAT_S, CHECKPOINT_S, FORECAST_S = 15, 1800, 15
 
 def setup_django() -> None:
     os.environ.update(
-        DATABASE_URL=f"{ingest.PG_URL}/{DB}",
+        DATABASE_URL=f"{harness.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
         SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL="memory://",
@@ -136,7 +135,7 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
                 list(Forecast.objects.filter(run=run, computed_at=from_epoch(T0 + t + 1)))
             )
         if t and t % 3600 == 0:
-            ingest.log(f"  {t // 3600} h simulated ({(time.time() - began) / t * 1e3:.1f} ms/s)")
+            harness.log(f"  {t // 3600} h simulated ({(time.time() - began) / t * 1e3:.1f} ms/s)")
     # The run's batches arrived over the day, not during this script's minutes.
     with connection.cursor() as cur:
         cur.execute("UPDATE tracker_ingestbatch SET received_at = to_timestamp(%s + seq - 1)", [T0])
@@ -206,13 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--computations", type=int, default=24, help="real forecast_compute calls")
     args = parser.parse_args(argv)
-    ingest.recreate_db(DB)
+    harness.recreate_db(DB)
     try:
         from django.core.management import call_command
 
         setup_django()
         call_command("migrate", verbosity=0)
-        ingest.log(f"simulating {args.hours:g} h of a run with {args.keys} keys")
+        harness.log(f"simulating {args.hours:g} h of a run with {args.keys} keys")
         sim = simulate(args.hours, args.keys, args.computations)
         before = sizes()
         from datetime import timedelta
@@ -232,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.db import connections
 
         connections.close_all()
-        ingest.drop_db(DB)
+        harness.drop_db(DB)
     print(json.dumps({**summary, **sim, "before": before, "after": after, "hours": args.hours}))
     return 0
 

@@ -8,7 +8,7 @@ process it forked):
 * boot: once both have gone idle after starting;
 * idle: idle again after a warm-up round of small concurrent runs (every web worker has served
   requests, the Celery worker has forecast them);
-* peak: sampled every 100 ms while `--clients` real `runcast` clients (bench/ingest.py's trainer
+* peak: sampled every 100 ms while `--clients` real `runcast` clients (bench/trainers.py's trainer
   processes) each log `--keys` x `--steps` points, then while the worker forecasts those runs
   (the trainers end their runs, which stops forecasting: the bench reopens them and enqueues
   one forecast each, as the debounced task does every 15 s while a run is live).
@@ -21,7 +21,7 @@ first client's first log() to the last client's finish().
     .venv/bin/python bench/memory.py --baseline 5248e36 --configs before,after-old-flags,after
 
 The baseline is the tree of a git commit (`git archive` into var/bench/, run with this .venv).
-Needs PostgreSQL and Redis as bench/ingest.py does (BENCH_PG_URL, BENCH_REDIS_URL); the
+Needs PostgreSQL and Redis as bench/harness.py does (BENCH_PG_URL, BENCH_REDIS_URL); the
 database is BENCH_DB (default runcast_membench), the Redis db BENCH_REDIS_DB (default 13,
 used for the broker and the cache, flushed before and after). The last line is one JSON object.
 """
@@ -41,13 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import throwaway_secret_key
+from bench import harness, throwaway_secret_key
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ingest
-
-ROOT = ingest.ROOT
-WORK = ingest.WORK
+ROOT = harness.ROOT
+WORK = harness.WORK
 VENV_BIN = ROOT / ".venv" / "bin"
 DB = os.environ.get("BENCH_DB", "runcast_membench")
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "13"))
@@ -81,7 +78,7 @@ CONFIGS = {
 }
 
 
-class Tree(ingest.TreeRss):
+class Tree(harness.TreeRss):
     """A process tree's summed RSS (sampled by the thread, peak kept) and PSS."""
 
     def __init__(self, root: int) -> None:
@@ -140,10 +137,10 @@ def baseline_tree(commit: str) -> Path:
 
 
 def env_for(tree: Path) -> dict[str, str]:
-    redis = f"{ingest.REDIS_URL}/{REDIS_DB}"
+    redis = f"{harness.REDIS_URL}/{REDIS_DB}"
     env = dict(os.environ)
     env.update(
-        DATABASE_URL=f"{ingest.PG_URL}/{DB}",
+        DATABASE_URL=f"{harness.PG_URL}/{DB}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
         SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=redis,
@@ -160,7 +157,7 @@ def env_for(tree: Path) -> dict[str, str]:
 def flush_redis() -> None:
     import redis
 
-    client = redis.Redis.from_url(f"{ingest.REDIS_URL}/{REDIS_DB}")
+    client = redis.Redis.from_url(f"{harness.REDIS_URL}/{REDIS_DB}")
     try:
         client.flushdb()
     finally:
@@ -176,7 +173,7 @@ def manage(tree: Path, env: dict[str, str], *args: str) -> str:
         text=True,
     )
     if done.returncode != 0:
-        raise ingest.BenchError(f"manage.py {args[0]} failed:\n{done.stdout}\n{done.stderr}")
+        raise harness.BenchError(f"manage.py {args[0]} failed:\n{done.stdout}\n{done.stderr}")
     return done.stdout
 
 
@@ -224,28 +221,28 @@ def forecast_all(env: dict[str, str], tree: Path, prefix: str, timeout: float = 
         if int(manage(tree, env, "shell", "-c", check).strip().splitlines()[-1]) >= count:
             return time.time() - began
         time.sleep(1.0)
-    raise ingest.BenchError(f"forecasts of {prefix}-* not done after {timeout:.0f}s")
+    raise harness.BenchError(f"forecasts of {prefix}-* not done after {timeout:.0f}s")
 
 
 def measure(config: Config, trees: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
     tree = trees[config.tree]
     env = env_for(tree)
-    cleanup = ingest.Cleanup()
+    cleanup = harness.Cleanup()
     try:
-        ingest.recreate_db(DB)
+        harness.recreate_db(DB)
         cleanup.databases.append(DB)
         flush_redis()
-        ingest.log(f"{config.name}: migrating {DB}")
+        harness.log(f"{config.name}: migrating {DB}")
         manage(tree, env, "migrate", "--noinput")
-        token = manage(tree, env, "shell", "-c", ingest.SETUP_CODE).strip().splitlines()[-1]
-        port = ingest.free_port()
+        token = manage(tree, env, "shell", "-c", harness.SETUP_CODE).strip().splitlines()[-1]
+        port = harness.free_port()
         logs = WORK / "logs"
         web = start(f"{config.web} --bind 127.0.0.1:{port}", tree, env, logs / "memory-web.log")
         cleanup.groups.append(web)
         worker = start(config.worker, tree, env, logs / "memory-worker.log")
         cleanup.groups.append(worker)
         url = f"http://127.0.0.1:{port}"
-        ingest.wait_http(f"{url}/healthz", web, logs / "memory-web.log", timeout=120)
+        harness.wait_http(f"{url}/healthz", web, logs / "memory-web.log", timeout=120)
         web_t, worker_t = Tree(web.pid), Tree(worker.pid)
         wait_idle([web_t, worker_t])
         boot = {"web": web_t.snapshot(), "worker": worker_t.snapshot()}
@@ -260,25 +257,25 @@ def measure(config: Config, trees: dict[str, Path], args: argparse.Namespace) ->
                 for i in range(count)
             ]
 
-        ingest.log(f"{config.name}: warm-up (8 small runs), then their forecasts")
+        harness.log(f"{config.name}: warm-up (8 small runs), then their forecasts")
         py = VENV_BIN / "python"
-        ingest.run_workers(cleanup, py, "runcast", specs("warm", 8, 2_000), client_env)
+        harness.run_workers(cleanup, py, "runcast", specs("warm", 8, 2_000), client_env)
         forecast_all(env, tree, "warm")
         wait_idle([web_t, worker_t])
         idle = {"web": web_t.snapshot(), "worker": worker_t.snapshot()}
 
         web_t.start()
         worker_t.start()
-        ingest.log(f"{config.name}: {args.clients} clients x {args.keys * args.steps:,} points")
-        results = ingest.run_workers(
+        harness.log(f"{config.name}: {args.clients} clients x {args.keys * args.steps:,} points")
+        results = harness.run_workers(
             cleanup, py, "runcast", specs("load", args.clients, args.steps), client_env
         )
-        ingest.log(f"{config.name}: forecasting the {args.clients} load runs")
+        harness.log(f"{config.name}: forecasting the {args.clients} load runs")
         forecast_s = forecast_all(env, tree, "load")
         web_t.stop()
         worker_t.stop()
         points = args.keys * args.steps
-        speed = ingest.throughput(results, points)
+        speed = harness.throughput(results, points)
         return {
             "config": config.name,
             "web_cmd": config.web,
@@ -353,15 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     if any(CONFIGS[n].tree == "baseline" for n in names):
         trees["baseline"] = baseline_tree(args.baseline)
     rows = []
-    with ingest.sigterm_as_interrupt():
+    with harness.sigterm_as_interrupt():
         try:
             for name in names:
                 rows.append(measure(CONFIGS[name], trees, args))
-        except ingest.BenchError as exc:
-            ingest.log(f"bench failed: {exc}")
+        except harness.BenchError as exc:
+            harness.log(f"bench failed: {exc}")
             return 1
         except KeyboardInterrupt:
-            ingest.log("interrupted; cleaned up")
+            harness.log("interrupted; cleaned up")
             return 130
         finally:
             if "baseline" in trees:

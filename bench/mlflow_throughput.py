@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from bench import throwaway_secret_key
-from bench.ingest import (
+from bench.harness import (
     PG_URL,
     REDIS_URL,
     ROOT,

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from runcast import transport  # noqa: E402
 from runcast.timing import TimingBatcher  # noqa: E402
 
-from bench.ingest import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     PG_URL,
     VENV_PY,
     WORK,
