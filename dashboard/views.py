@@ -78,7 +78,7 @@ def board_partial(request: HttpRequest) -> HttpResponse:
 def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
     run = run_for(user=request.user, project_slug=project, run_id=run_id)
     page = pages.run_page(run=run, now=timezone.now())
-    deadlines = list(run.project.deadlines.values_list("slug", "name"))
+    deadlines = selectors.deadline_choices(project=run.project)
     return {
         "run": page.outlook.run,
         "page": page,
