@@ -16,8 +16,15 @@ import numpy as np
 
 from forecasting import gpu_services
 from forecasting.board import Board, RunView, board_arrange, board_deadlines, board_runs
-from forecasting.models import Flag
-from forecasting.selectors import flag_history, open_flags_by_run, outlook_for_run
+from forecasting.models import Flag, Forecast
+from forecasting.selectors import (
+    eta_history,
+    eta_history_rebuilt,
+    flag_history,
+    forecast_latest,
+    open_flags_by_run,
+    outlook_for_run,
+)
 from tracker import rank_timings
 from tracker.models import Run
 from tracker.selectors import (
@@ -84,6 +91,48 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         has_ranks=rank_timings.has_rank_timings(run=run),
         final_loss=final,
     )
+
+
+def run_overview(*, run: Run) -> dict[str, Any]:
+    """Everything the run's charts draw besides the series (overview.json): ETA history, cutoff,
+    loss forecast, target and markers."""
+    keys = series_keys(run=run)
+    loss_key = loss_key_for(keys)
+    deadline = run.deadline
+    return {
+        "run": run.public_id,
+        "name": str(run),
+        "active": run.is_active,
+        "started_at": run.started_at.timestamp(),
+        "loss_key": loss_key,
+        "keys": keys,
+        "eta_history": eta_history(run=run, limit=2000),
+        "eta_history_rebuilt": eta_history_rebuilt(run=run),
+        "deadline": None
+        if deadline is None
+        else {
+            "name": deadline.name,
+            "cutoff": deadline.cutoff.timestamp(),
+            "train_by": deadline.train_by.timestamp(),
+        },
+        **_loss_overview(run),
+        "target": run.project.targets.get(loss_key or "", None),
+        "markers": [
+            {"kind": m.kind, "step": m.step, "label": m.label} for m in chart_markers(run=run)
+        ],
+        "total_steps": run.total_steps,
+        "last_step": run.last_step,
+    }
+
+
+def _loss_overview(run: Run) -> dict[str, Any]:
+    """The latest loss forecast and its fan while the run is active; an ended run has none."""
+    latest = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
+    loss = latest.data if latest is not None else {}
+    fan = None
+    if loss and run.is_active:
+        fan = loss_forecast_path(loss, from_step=float(run.last_step or 0) or 1.0)
+    return {"loss_forecast": fan, "loss": (loss or None) if run.is_active else None}
 
 
 def chart_markers(*, run: Run) -> list[Marker]:
