@@ -26,6 +26,6 @@ urlpatterns = [
         auth_views.PasswordChangeDoneView.as_view(),
         name="password_change_done",
     ),
-    path("", include("dashboard.alerts_urls")),
+    path("", include("dashboard.alerts.urls")),
     path("", include("dashboard.urls")),
 ]

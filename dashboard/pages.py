@@ -1,6 +1,6 @@
-"""What the deadline board and the run page show, composed from the selectors of the layers
-below (forecast outlooks, open flags, run summaries) in a bounded number of queries, plus what
-only a page needs: cost so far and to finish, and the risk order runs are listed in.
+"""What the deadline board and the run page show, composed from the selectors and rules of the
+layers below: forecast outlooks and open flags (forecasting.selectors), cost and the risk order
+(forecasting.board), run summaries and series (tracker.selectors).
 
 Layout (where bars and ticks sit) is in dashboard.presenters; this module decides what is shown.
 """
@@ -8,217 +8,46 @@ Layout (where bars and ticks sit) is in dashboard.presenters; this module decide
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db.models import Q
 
 from forecasting import gpu_services
-from forecasting.estimators import formatting as fmt
-from forecasting.models import Flag
+from forecasting.board import Board, RunView, board_arrange, board_deadlines, board_runs
+from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
-    RunOutlook,
+    eta_history,
+    eta_history_rebuilt,
     flag_history,
+    forecast_latest,
     open_flags_by_run,
-    outlooks_for,
-    with_latest_forecasts,
+    outlook_for_run,
 )
 from tracker import rank_timings
-from tracker.models import Deadline, Membership, Run
-from tracker.selectors import Marker, loss_key_for, run_markers, series_keys, series_last
-
-# Runs that ended this recently stay on the board, so "did it make it?" is answered there.
-RECENT_END = timedelta(hours=24)
-# A run that crashed (reported, or inferred by the server: it has no end time) stays longer, at
-# the top of its lane: it is the one a lead most needs to see.
-CRASH_KEEP = timedelta(hours=72)
-# Runs that need someone: they sort above every running run, red.
-TROUBLE = (Run.Status.CRASHED, Run.Status.FAILED, Run.Status.STALLED)
-BOARD_MAX_RUNS = 500
-
-
-@dataclass
-class RunView(RunOutlook):
-    """A run's outlook as a page shows it: with its cost and its place in the risk order."""
-
-    gpu_hours_so_far: float | None = None
-    gpu_hours_to_finish: float | None = None
-    cost_so_far: float | None = None
-    cost_to_finish: float | None = None
-    # GPU-hours measured by the host agents on the run's GPUs: its own vs others' (or None).
-    gpu_split: dict[str, Any] | None = None
-    risk: float = 0.0
-
-    @property
-    def in_trouble(self) -> bool:
-        return self.run.status in TROUBLE
-
-    @property
-    def margin_s(self) -> float | None:
-        """Seconds to spare before the cutoff (train-by), negative when late: the actual end
-        for a finished run, the P50 finish for a running one."""
-        deadline = self.run.deadline
-        if deadline is None:
-            return None
-        train_by = deadline.train_by.timestamp()
-        if self.run.status == Run.Status.FINISHED and self.run.ended_at is not None:
-            return train_by - self.run.ended_at.timestamp()
-        if self.run.is_active and self.finish is not None:
-            return train_by - self.finish[1]
-        return None
-
-    @property
-    def outcome(self) -> str | None:
-        """'made it, 29 s spare' / 'missed by 3 h' for a finished run aimed at a cutoff."""
-        margin = self.margin_s
-        if margin is None or self.run.is_active:
-            return None
-        return (
-            f"made it, {fmt.span(margin)} spare" if margin >= 0 else f"missed by {fmt.span(margin)}"
-        )
-
-    @property
-    def margin_text(self) -> str | None:
-        """'P50 3 h 6 min after the cutoff' for a running run aimed at a cutoff."""
-        margin = self.margin_s
-        if margin is None or not self.run.is_active:
-            return None
-        line = "train-by" if self.run.deadline and self.run.deadline.buffer else "cutoff"
-        side = "before" if margin >= 0 else "after"
-        return f"P50 {fmt.span(margin)} {side} the {line}"
-
-    @classmethod
-    def of(cls, outlook: RunOutlook, *, now: datetime) -> RunView:
-        view = cls(**{f.name: getattr(outlook, f.name) for f in fields(RunOutlook)})
-        _cost(view, now)
-        view.risk = _risk(view)
-        return view
-
-
-def _cost(out: RunView, now: datetime) -> None:
-    run = out.run
-    if not run.world_size:
-        return
-    end = run.ended_at or (now if run.is_active else run.last_seen_at)
-    out.gpu_hours_so_far = run.world_size * max(0.0, (end - run.started_at).total_seconds()) / 3600
-    if out.finish is not None:
-        left = max(0.0, out.finish[1] - now.timestamp())
-        out.gpu_hours_to_finish = run.world_size * left / 3600
-    price = run.project.gpu_hour_price
-    if price is not None:
-        out.cost_so_far = out.gpu_hours_so_far * float(price)
-        if out.gpu_hours_to_finish is not None:
-            out.cost_to_finish = out.gpu_hours_to_finish * float(price)
-
-
-def _risk(out: RunView) -> float:
-    """Sort key, higher first: missing the cutoff dominates, then open problems."""
-    risk = 0.0
-    if out.p_on_time is not None:
-        risk += 1.0 - out.p_on_time
-    elif out.run.deadline is not None and out.run.is_active:
-        risk += 0.5  # aimed at a cutoff with no forecast yet: unknown is not safe
-    risk += 0.15 * min(len(out.flags), 3)
-    if out.in_trouble:
-        risk += 3.0  # crashed, failed or stalled: above every running run, whatever its odds
-    elif not out.run.is_active:
-        risk -= 2.0  # runs that finished sink to the bottom of their lane
-    return risk
-
+from tracker.models import Run
+from tracker.selectors import (
+    Marker,
+    loss_key_for,
+    membership_list_for_user,
+    run_markers,
+    series_keys,
+    series_last,
+)
 
 # --- the board -------------------------------------------------------------------------------
 
 
-@dataclass
-class DeadlineLane:
-    deadline: Deadline
-    runs: list[RunView]
-
-    @property
-    def worst_p(self) -> float | None:
-        ps = [r.p_on_time for r in self.runs if r.p_on_time is not None]
-        return min(ps) if ps else None
-
-
-@dataclass
-class Board:
-    now: datetime
-    memberships: list[Membership]
-    lanes: list[DeadlineLane]
-    unscheduled: list[RunView]
-
-    @property
-    def run_count(self) -> int:
-        return len(self.unscheduled) + sum(len(lane.runs) for lane in self.lanes)
-
-
 def board_for_user(*, user: Any, now: datetime) -> Board:
     """The deadline board of every project the user belongs to (7 queries with session/user)."""
-    memberships = list(
-        Membership.objects.select_related("project").filter(user=user).order_by("project__name")
-    )
+    memberships = membership_list_for_user(user=user)
     projects = [m.project for m in memberships]
-    by_id = {p.pk: p for p in projects}
-    runs = list(
-        with_latest_forecasts(
-            Run.objects.select_related("deadline")
-            .filter(project__in=projects)
-            .filter(
-                Q(status__in=Run.ACTIVE_STATUSES)
-                | Q(ended_at__gte=now - RECENT_END)
-                # A crash the server inferred has no end time: its last word dates it.
-                | Q(status=Run.Status.CRASHED, last_seen_at__gte=now - CRASH_KEEP)
-            ),
-            now=now,
-        ).order_by("-last_seen_at")[:BOARD_MAX_RUNS]
-    )
-    for run in runs:
-        run.project = by_id[run.project_id]  # already loaded: no join per run
-        if run.deadline is not None:
-            run.deadline.project = run.project
-    views = [RunView.of(o, now=now) for o in outlooks_for(runs)]
-    deadlines = list(
-        Deadline.objects.filter(project__in=projects, cutoff__gte=now - RECENT_END).order_by(
-            "cutoff"
-        )
-    )
-    for deadline in deadlines:
-        deadline.project = by_id[deadline.project_id]
-    return _arrange(now, memberships, views, deadlines)
-
-
-def _arrange(
-    now: datetime, memberships: list[Membership], views: list[RunView], deadlines: list[Deadline]
-) -> Board:
-    lanes = {d.pk: DeadlineLane(deadline=d, runs=[]) for d in deadlines}
-    unscheduled = []
-    for o in views:
-        if o.run.deadline_id is None:
-            unscheduled.append(o)
-            continue
-        if o.run.deadline_id not in lanes:  # a past cutoff that a run still aims at
-            assert o.run.deadline is not None  # deadline_id is set
-            lanes[o.run.deadline_id] = DeadlineLane(deadline=o.run.deadline, runs=[])
-        lanes[o.run.deadline_id].runs.append(o)
-    for lane in lanes.values():
-        lane.runs.sort(key=lambda o: (-o.risk, o.finish[1] if o.finish else math.inf))
-    unscheduled.sort(key=lambda o: (-o.risk, o.finish[1] if o.finish else math.inf))
-
-    def lane_key(lane: DeadlineLane) -> tuple[int, float, float]:
-        worst = lane.worst_p
-        return (
-            0 if lane.runs else 1,
-            worst if worst is not None else 1.0,
-            lane.deadline.cutoff.timestamp(),
-        )
-
-    return Board(
+    return board_arrange(
         now=now,
         memberships=memberships,
-        lanes=sorted(lanes.values(), key=lane_key),
-        unscheduled=unscheduled,
+        runs=board_runs(projects=projects, now=now),
+        deadlines=board_deadlines(projects=projects, now=now),
     )
 
 
@@ -245,17 +74,14 @@ class RunPage:
 
 def run_page(*, run: Run, now: datetime) -> RunPage:
     """Summary of one run for its page (a constant handful of queries)."""
-    annotated = with_latest_forecasts(
-        Run.objects.select_related("project", "deadline"), now=now
-    ).get(pk=run.pk)
-    outlook = RunView.of(outlooks_for([annotated])[0], now=now)
+    outlook = RunView.of(outlook_for_run(run=run, now=now), now=now)
     # Only here, not on the board: it reads the run's hosts' batch summaries.
-    outlook.gpu_split = gpu_services.run_gpu_hours(run=annotated, now=now.timestamp())
+    outlook.gpu_split = gpu_services.run_gpu_hours(run=outlook.run, now=now.timestamp())
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
     loss_key = loss_key_for(keys)
     final = None
-    if loss_key is not None and not annotated.is_active:
+    if loss_key is not None and not outlook.run.is_active:
         final = series_last(run=run, key=loss_key)
     return RunPage(
         outlook=outlook,
@@ -265,6 +91,48 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         has_ranks=rank_timings.has_rank_timings(run=run),
         final_loss=final,
     )
+
+
+def run_overview(*, run: Run) -> dict[str, Any]:
+    """Everything the run's charts draw besides the series (overview.json): ETA history, cutoff,
+    loss forecast, target and markers."""
+    keys = series_keys(run=run)
+    loss_key = loss_key_for(keys)
+    deadline = run.deadline
+    return {
+        "run": run.public_id,
+        "name": str(run),
+        "active": run.is_active,
+        "started_at": run.started_at.timestamp(),
+        "loss_key": loss_key,
+        "keys": keys,
+        "eta_history": eta_history(run=run, limit=2000),
+        "eta_history_rebuilt": eta_history_rebuilt(run=run),
+        "deadline": None
+        if deadline is None
+        else {
+            "name": deadline.name,
+            "cutoff": deadline.cutoff.timestamp(),
+            "train_by": deadline.train_by.timestamp(),
+        },
+        **_loss_overview(run),
+        "target": run.project.targets.get(loss_key or "", None),
+        "markers": [
+            {"kind": m.kind, "step": m.step, "label": m.label} for m in chart_markers(run=run)
+        ],
+        "total_steps": run.total_steps,
+        "last_step": run.last_step,
+    }
+
+
+def _loss_overview(run: Run) -> dict[str, Any]:
+    """The latest loss forecast and its fan while the run is active; an ended run has none."""
+    latest = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
+    loss = latest.data if latest is not None else {}
+    fan = None
+    if loss and run.is_active:
+        fan = loss_forecast_path(loss, from_step=float(run.last_step or 0) or 1.0)
+    return {"loss_forecast": fan, "loss": (loss or None) if run.is_active else None}
 
 
 def chart_markers(*, run: Run) -> list[Marker]:

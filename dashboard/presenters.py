@@ -1,6 +1,7 @@
 """Layout of the deadline board: where each bar, whisker and cutoff line sits on a lane's time
-axis (percent of the lane's width) and which tone each run gets. Presentation only; what the
-numbers mean is decided in dashboard.pages."""
+axis (percent of the lane's width) and which tone each run gets. Presentation only: what the
+numbers mean (cost, the risk order) is decided in forecasting.board, what is shown in
+dashboard.pages."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from dashboard.pages import Board, RunView
+from forecasting.board import Board, RunView
 from forecasting.estimators.deadline import on_time_tone
 from tracker.models import Deadline
 

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import gpu_views, settings_views, team_views, views
+from dashboard import views
+from dashboard.gpu import views as gpu_views
+from dashboard.project_settings import views as settings_views
+from dashboard.team import views as team_views
 
 app_name = "dashboard"
 run = "runs/<slug:project>/<str:run_id>/"

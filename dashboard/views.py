@@ -15,8 +15,6 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard import pages
 from dashboard.forms import RunPlanForm
 from dashboard.presenters import board_view
-from forecasting.models import Forecast
-from forecasting.selectors import eta_history, eta_history_rebuilt, forecast_latest
 from tracker import selectors
 from tracker.access import can_create_projects, membership_for, run_for
 from tracker.project_settings.services import run_plan_update
@@ -78,7 +76,7 @@ def board_partial(request: HttpRequest) -> HttpResponse:
 def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, object]:
     run = run_for(user=request.user, project_slug=project, run_id=run_id)
     page = pages.run_page(run=run, now=timezone.now())
-    deadlines = list(run.project.deadlines.values_list("slug", "name"))
+    deadlines = selectors.deadline_choices(project=run.project)
     return {
         "run": page.outlook.run,
         "page": page,
@@ -173,42 +171,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     """Everything the charts draw besides the series: ETA history, cutoff, loss forecast,
     target and markers."""
     run = run_for(user=request.user, project_slug=project, run_id=run_id)
-    keys = selectors.series_keys(run=run)
-    loss_key = selectors.loss_key_for(keys)
-    latest_loss = forecast_latest(run=run, kind=Forecast.Kind.LOSS)
-    deadline = run.deadline
-    loss = latest_loss.data if latest_loss is not None else {}
-    forecast = None
-    if loss and run.is_active:
-        forecast = pages.loss_forecast_path(loss, from_step=float(run.last_step or 0) or 1.0)
-    return JsonResponse(
-        {
-            "run": run.public_id,
-            "name": str(run),
-            "active": run.is_active,
-            "started_at": run.started_at.timestamp(),
-            "loss_key": loss_key,
-            "keys": keys,
-            "eta_history": eta_history(run=run, limit=2000),
-            "eta_history_rebuilt": eta_history_rebuilt(run=run),
-            "deadline": None
-            if deadline is None
-            else {
-                "name": deadline.name,
-                "cutoff": deadline.cutoff.timestamp(),
-                "train_by": deadline.train_by.timestamp(),
-            },
-            "loss_forecast": forecast,
-            "loss": (loss or None) if run.is_active else None,  # ended: no forecast
-            "target": run.project.targets.get(loss_key or "", None),
-            "markers": [
-                {"kind": m.kind, "step": m.step, "label": m.label}
-                for m in pages.chart_markers(run=run)
-            ],
-            "total_steps": run.total_steps,
-            "last_step": run.last_step,
-        }
-    )
+    return JsonResponse(pages.run_overview(run=run))
 
 
 # The heat map's window: the detector's (forecasting.stragglers.WINDOW_STEPS) and a little more.

@@ -158,6 +158,14 @@ def outlooks_for(runs: list[Run]) -> list[RunOutlook]:
     return [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
 
 
+def outlook_for_run(*, run: Run, now: datetime) -> RunOutlook:
+    """One run's outlook, the run read again with its project and deadline (3 queries)."""
+    annotated = with_latest_forecasts(
+        Run.objects.select_related("project", "deadline"), now=now
+    ).get(pk=run.pk)
+    return outlooks_for([annotated])[0]
+
+
 def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> RunOutlook:
     out = RunOutlook(run=run, flags=flags)
     eta = forecasts.get(getattr(run, "eta_id", None) or -1)

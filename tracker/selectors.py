@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db.models import BinaryField, F, QuerySet
+from django.db.models import BinaryField, F, Q, QuerySet
 from django.db.models.functions import Substr
 
-from tracker.models import Event, Membership, MetricChunk, Project, Run, RunSegment
+from tracker.models import Deadline, Event, Membership, MetricChunk, Project, Run, RunSegment
 from tracker.series import (
     ROLLUP_BLOCK,
     Series,
@@ -49,6 +50,49 @@ def membership_get(*, user: Any, project_slug: str) -> Membership | None:
         .filter(user=user, project__slug=project_slug)
         .first()
     )
+
+
+def membership_list_for_user(*, user: Any) -> list[Membership]:
+    """The user's memberships with their projects, by project name (one query)."""
+    return list(
+        Membership.objects.select_related("project").filter(user=user).order_by("project__name")
+    )
+
+
+def run_list_recent(
+    *, projects: list[Project], ended_since: datetime, crashed_since: datetime
+) -> QuerySet[Run]:
+    """Runs of these projects that are active, ended since `ended_since`, or crashed and were
+    last heard from since `crashed_since`, with their deadlines."""
+    return (
+        Run.objects.select_related("deadline")
+        .filter(project__in=projects)
+        .filter(
+            Q(status__in=Run.ACTIVE_STATUSES)
+            | Q(ended_at__gte=ended_since)
+            # A crash the server inferred has no end time: its last word dates it.
+            | Q(status=Run.Status.CRASHED, last_seen_at__gte=crashed_since)
+        )
+    )
+
+
+def deadline_list_for_projects(
+    *, projects: list[Project], cutoff_since: datetime
+) -> list[Deadline]:
+    """Deadlines of these projects whose cutoff is not before `cutoff_since`, soonest first, each
+    given its project from `projects` (one query, no join)."""
+    by_id = {p.pk: p for p in projects}
+    deadlines = list(
+        Deadline.objects.filter(project__in=projects, cutoff__gte=cutoff_since).order_by("cutoff")
+    )
+    for deadline in deadlines:
+        deadline.project = by_id[deadline.project_id]
+    return deadlines
+
+
+def deadline_choices(*, project: Project) -> list[tuple[str, str]]:
+    """(slug, name) of the project's deadlines, as a run's plan form offers them."""
+    return list(project.deadlines.values_list("slug", "name"))
 
 
 # The series a run's loss (and, failing that, its progress) is read from, in order of preference.

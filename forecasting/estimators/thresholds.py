@@ -406,3 +406,21 @@ FLAG_REOPEN_WINDOWS = 4.0
 FLAG_DEADLINE_BANDS = (0.75, 0.5, 0.25, 0.1, 0.01)
 # An open slip flag is updated each time the total slip doubles (1 h, 2 h, 4 h, ...).
 FLAG_SLIP_BAND_BASE_S = 3600.0
+
+# --- The deadline board's risk order (forecasting/board.py): which run a lead sees first
+# (BOARD RISK section: begin)
+# A run's risk is 1 - its odds of making the cutoff, plus the weights below; higher sorts first.
+# Aimed at a cutoff with no deadline forecast yet: unknown is not safe, so it sits with a
+# coin-flip run rather than below every run that has odds.
+BOARD_RISK_NO_FORECAST = 0.5
+# Each open flag adds this, up to BOARD_RISK_FLAGS_MAX flags: open problems break ties among
+# runs with similar odds, yet three flags (0.45) do not outweigh a run that is likely late.
+BOARD_RISK_PER_FLAG = 0.15
+BOARD_RISK_FLAGS_MAX = 3
+# Crashed, failed or stalled: above every running run whatever its odds (risk from odds and flags
+# stays under 1.45), the run that most needs someone.
+BOARD_RISK_TROUBLE = 3.0
+# A run that ended (and is not in trouble) sinks below every running run of its lane: its
+# question is answered.
+BOARD_RISK_ENDED_SINK = 2.0
+# (BOARD RISK section: end)

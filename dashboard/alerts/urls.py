@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import alerts_views as views
+from dashboard.alerts import views
 
 # The alert pages keep their own URL namespace ("alerts:channels"), served from dashboard/.
 app_name = "alerts"

@@ -10,7 +10,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dashboard import forms
+from dashboard.project_settings import forms
+from dashboard.team.forms import AccountCreateForm, InviteForm
 from tracker import invitations
 from tracker.access import can_create_projects, membership_for
 from tracker.demo import is_demo
@@ -20,9 +21,11 @@ from tracker.project_settings import services as svc
 from tracker.services import ServiceError, token_create, token_revoke
 
 
-def _page(
+def render_settings(
     request: HttpRequest, membership: Membership, status: int = 200, **extra: Any
 ) -> HttpResponse:
+    """The settings page, with what a handler adds (a bound form with its errors, a secret shown
+    once); the team pages render it too."""
     project = membership.project
     context: dict[str, Any] = {
         "project": project,
@@ -51,8 +54,8 @@ def _team_context(request: HttpRequest, membership: Membership) -> dict[str, Any
         "invitations": invitations.pending_invitations(project=membership.project)
         if is_owner
         else [],
-        "invite_form": forms.InviteForm(),
-        "account_form": forms.AccountCreateForm(),
+        "invite_form": InviteForm(),
+        "account_form": AccountCreateForm(),
         "email_enabled": invitations.email_enabled(),
         "is_demo": is_demo(membership.project),
         "can_create_projects": can_create_projects(request.user),
@@ -70,7 +73,7 @@ def _project_initial(project: Project) -> dict[str, Any]:
 @login_required
 @require_GET
 def settings_page(request: HttpRequest, project: str) -> HttpResponse:
-    return _page(request, membership_for(user=request.user, project_slug=project))
+    return render_settings(request, membership_for(user=request.user, project_slug=project))
 
 
 @login_required
@@ -79,7 +82,7 @@ def settings_project(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project, need="owner")
     form = forms.ProjectForm(request.POST)
     if not form.is_valid():
-        return _page(request, membership, 400, project_form=form)
+        return render_settings(request, membership, 400, project_form=form)
     svc.project_update(project=membership.project, **form.cleaned_data)
     return redirect("dashboard:settings", project=project)
 
@@ -90,7 +93,7 @@ def settings_targets(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project, need="member")
     form = forms.TargetsForm(request.POST)
     if not form.is_valid():
-        return _page(request, membership, 400, targets_form=form)
+        return render_settings(request, membership, 400, targets_form=form)
     svc.project_targets_update(project=membership.project, targets=form.cleaned_data["targets"])
     return redirect("dashboard:settings", project=project)
 
@@ -110,7 +113,7 @@ def member_add(request: HttpRequest, project: str) -> HttpResponse:
             return redirect("dashboard:settings", project=project)
         except ServiceError as exc:
             form.add_error("user", exc.message)
-    return _page(request, membership, 400, member_form=form)
+    return render_settings(request, membership, 400, member_form=form)
 
 
 @login_required
@@ -129,7 +132,7 @@ def member_update(request: HttpRequest, project: str, membership_id: int) -> Htt
         elif form.cleaned_data["role"]:
             svc.membership_change_role(membership=target, role=form.cleaned_data["role"])
     except ServiceError as exc:
-        return _page(request, membership, 409, member_error=exc.message)
+        return render_settings(request, membership, 409, member_error=exc.message)
     return redirect("dashboard:settings", project=project)
 
 
@@ -139,7 +142,7 @@ def token_new(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project, need="member")
     form = forms.TokenForm(request.POST)
     if not form.is_valid():
-        return _page(request, membership, 400, token_form=form)
+        return render_settings(request, membership, 400, token_form=form)
     full = token_create(
         project=membership.project,
         name=form.cleaned_data["name"],
@@ -147,7 +150,7 @@ def token_new(request: HttpRequest, project: str) -> HttpResponse:
         created_by=request.user,
     )
     # Rendered, not redirected: the secret lives only in this response, never in a session.
-    response = _page(
+    response = render_settings(
         request, membership, 201, new_token=full, new_token_name=form.cleaned_data["name"]
     )
     response["Cache-Control"] = "no-store"

@@ -19,8 +19,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dashboard import forms
-from dashboard.settings_views import _page as settings_page
+from dashboard.project_settings.views import render_settings
+from dashboard.team import forms
 from tracker import invitations
 from tracker.access import membership_for, project_create_check
 from tracker.models import Invitation
@@ -56,10 +56,10 @@ def member_invite(request: HttpRequest, project: str) -> HttpResponse:
                 role=form.cleaned_data["role"],
                 invited_by=request.user,
             )
-            return settings_page(request, membership, 201, invited=invitation)
+            return render_settings(request, membership, 201, invited=invitation)
         except ServiceError as exc:
             form.add_error("email", exc.message)
-    return settings_page(request, membership, 400, invite_form=form)
+    return render_settings(request, membership, 400, invite_form=form)
 
 
 @login_required
@@ -76,10 +76,10 @@ def member_create(request: HttpRequest, project: str) -> HttpResponse:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
             # Rendered, not redirected: the password lives only in this response.
-            response = settings_page(request, membership, 201, new_account=created)
+            response = render_settings(request, membership, 201, new_account=created)
             response["Cache-Control"] = "no-store"
             return response
-    return settings_page(request, membership, 400, account_form=form)
+    return render_settings(request, membership, 400, account_form=form)
 
 
 @login_required

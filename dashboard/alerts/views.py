@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from alerts import selectors, services
 from alerts.messages import headline_for
 from alerts.models import Channel, Notification
-from dashboard.alerts_forms import ChannelForm, RuleForm
+from dashboard.alerts.forms import ChannelForm, RuleForm
 from tracker.access import membership_for, run_for
 from tracker.models import Membership, Project
 

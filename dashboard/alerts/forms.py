@@ -9,6 +9,7 @@ from django.core.validators import URLValidator, validate_email
 
 from alerts.kinds import BY_KEY
 from alerts.models import Channel, Rule, Severity
+from alerts.selectors import channel_list
 from alerts.transports.http import target_problem
 from tracker.models import Project
 
@@ -68,7 +69,7 @@ class RuleForm(forms.Form):
         super().__init__(*args, **kwargs)
         channels = self.fields["channels"]
         assert isinstance(channels, forms.ModelMultipleChoiceField)
-        channels.queryset = Channel.objects.filter(project=project)
+        channels.queryset = channel_list(project=project)
         kind = BY_KEY.get(rule.kind)
         if kind is None or kind.passes is None:
             del self.fields["threshold"]
