@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from django.db.models import Q
 
-from forecasting import gpu_services
 from forecasting.estimators import formatting as fmt
+from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag
 from forecasting.selectors import (
     RunOutlook,
@@ -250,7 +250,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     ).get(pk=run.pk)
     outlook = RunView.of(outlooks_for([annotated])[0], now=now)
     # Only here, not on the board: it reads the run's hosts' batch summaries.
-    outlook.gpu_split = gpu_services.run_gpu_hours(run=annotated, now=now.timestamp())
+    outlook.gpu_split = gpu_selectors.run_gpu_hours(run=annotated, now=now.timestamp())
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
     loss_key = loss_key_for(keys)

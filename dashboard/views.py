@@ -211,7 +211,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     )
 
 
-# The heat map's window: the detector's (forecasting.stragglers.WINDOW_STEPS) and a little more.
+# The heat map's window: the detector's (thresholds.STRAGGLER_WINDOW_STEPS) and a little more.
 RANKS_WINDOW_STEPS = 5_000
 
 
