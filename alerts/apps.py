@@ -8,5 +8,5 @@ class AlertsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Subscribe to tracker's run_finished and to new Flag rows; receivers only enqueue.
+        # Subscribe to run endings, flag writes and new notifications; receivers only enqueue.
         from alerts import receivers  # noqa: F401

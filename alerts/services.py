@@ -23,6 +23,7 @@ from alerts import conf
 from alerts.kinds import BY_KEY, RULE_KINDS, RuleKind, rule_kind_for
 from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
+from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
@@ -321,9 +322,19 @@ def _notifications_create(*, event: Event) -> list[Notification]:
             },
         )
         if was_created:
-            # Delivery is enqueued after commit by alerts.receivers (post_save).
             created.append(notification)
+            if notification.status == S.PENDING:
+                _announce(notification.pk)
     return created
+
+
+def _announce(notification_id: int) -> None:
+    # After commit: delivery starts only once the row exists for the worker (alerts.receivers
+    # enqueues it); robust: a broker hiccup must not fail the caller's commit callbacks.
+    transaction.on_commit(
+        lambda: notification_created.send(sender=Notification, notification_id=notification_id),
+        robust=True,
+    )
 
 
 def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, str] | None:

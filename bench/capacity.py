@@ -136,14 +136,14 @@ class Clock:
 def time_run(run: Any, arrays: tuple[Any, ...], points: int, repeat: int) -> dict[str, float]:
     import numpy as np
 
-    from forecasting import services
+    from forecasting import compute, liveness
     from tracker.services import SeriesIn, batch_ingest, from_epoch
 
     loss, lr, grad = arrays
     seq = points // BATCH + 2
     step = points
     forecasts: list[Clock] = []
-    liveness: list[Clock] = []
+    checks: list[Clock] = []
     for _ in range(repeat + 1):
         # 15 s of a live run: 15 new steps, then the computation the debounce schedules.
         new = np.arange(step, step + int(CADENCE_S), dtype=np.int64)
@@ -158,13 +158,13 @@ def time_run(run: Any, arrays: tuple[Any, ...], points: int, repeat: int) -> dic
         seq, step = seq + 1, step + new.size
         now = from_epoch(float(times[-1]) + 1.0)
         with Clock() as clock:
-            services.forecast_compute(run_id=run.pk, now=now)
+            compute.forecast_compute(run_id=run.pk, now=now)
         forecasts.append(clock)
         with Clock() as clock:
-            services.run_check_liveness(run_id=run.pk, now=now)
-        liveness.append(clock)
+            liveness.run_check_liveness(run_id=run.pk, now=now)
+        checks.append(clock)
     # The first computation of a process also pays one-time imports and caches: left out.
-    f, lv = forecasts[1:], liveness[1:]
+    f, lv = forecasts[1:], checks[1:]
     return {
         "forecast_s": statistics.median(c.wall for c in f),
         "forecast_cpu_s": statistics.median(c.cpu + c.db for c in f),

@@ -218,7 +218,7 @@ def replay(
 ) -> Replay:
     from alerts import services as alerts_services
     from alerts.models import Channel, Notification
-    from forecasting import services as fc
+    from forecasting import compute, liveness
     from forecasting.models import Flag, Forecast
     from tracker import services as tr
     from tracker.models import Deadline, Project
@@ -291,14 +291,14 @@ def replay(
                 at, next_sweep = next_sweep, next_sweep + sweep_every
                 if server_up(at):
                     CLOCK.t = start + at
-                    fc.server_tick(period_s=sweep_every)
-                    fc.run_check_liveness(run_id=run.pk)
+                    liveness.server_tick(period_s=sweep_every)
+                    liveness.run_check_liveness(run_id=run.pk)
                     _dispatch(alerts_services)
             else:
                 at, next_forecast = next_forecast, next_forecast + every
                 if server_up(at):
                     CLOCK.t = start + at
-                    fc.forecast_compute(run_id=run.pk)
+                    compute.forecast_compute(run_id=run.pk)
                     out.forecasts += 1
                     _dispatch(alerts_services)
 
@@ -315,8 +315,8 @@ def replay(
     tick(end + BATCH_S * scale)
     CLOCK.t = start + end + BATCH_S * scale
     tr.run_finish(run=run, status="finished", ended_at=CLOCK.now(), session="s1")
-    fc.forecast_compute(run_id=run.pk)
-    fc.run_check_liveness(run_id=run.pk)
+    compute.forecast_compute(run_id=run.pk)
+    liveness.run_check_liveness(run_id=run.pk)
     alerts_services.run_end_dispatch(run_id=run.pk)
     _dispatch(alerts_services)
 

@@ -47,6 +47,7 @@ TABLES = (
     "tracker_metricchunk",
     "tracker_event",
     "forecasting_forecast",
+    "forecasting_conditionreading",
     "forecasting_flag",
 )
 T0 = 1.7e9  # the simulated day starts here (long ago: retention sees it as old)
@@ -91,7 +92,7 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
     import numpy as np
     from django.db import connection
 
-    from forecasting import services
+    from forecasting import compute
     from forecasting.models import Forecast
     from tracker.models import Deadline, Project
     from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
@@ -130,7 +131,7 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
             run=run, session="s1", seq=t + 1, series=series, events=events, heartbeat=heartbeat
         )
         if t and t % FORECAST_S == 0 and t // FORECAST_S in real_at:
-            services.forecast_compute(run_id=run.pk, now=from_epoch(T0 + t + 1))
+            compute.forecast_compute(run_id=run.pk, now=from_epoch(T0 + t + 1))
             samples.append(
                 list(Forecast.objects.filter(run=run, computed_at=from_epoch(T0 + t + 1)))
             )
@@ -159,15 +160,14 @@ def _copy_forecasts(run: Any, samples: list[list[Any]], seconds: int) -> int:
             continue
         template = samples[min(len(samples) - 1, i * len(samples) // (seconds // FORECAST_S))]
         for f in template:
-            last = t + 1 if f.kind == Forecast.Kind.CONDITIONS else t
             rows.append(
                 Forecast(
                     run=run,
                     kind=f.kind,
                     computed_at=at,
                     segment=f.segment,
-                    # Unique per computation, as the real keys are (input step, or time).
-                    input_last_step=int(T0 + last) if f.kind == "conditions" else -t,
+                    # Unique per computation, as the real key (the input step) is.
+                    input_last_step=-t,
                     finish_p10=f.finish_p10,
                     finish_p50=f.finish_p50,
                     finish_p90=f.finish_p90,
@@ -175,6 +175,32 @@ def _copy_forecasts(run: Any, samples: list[list[Any]], seconds: int) -> int:
                 )
             )
     Forecast.objects.bulk_create(rows, batch_size=2000)
+    return len(rows) + _copy_readings(run, seconds)
+
+
+def _copy_readings(run: Any, seconds: int) -> int:
+    """The hysteresis' reading of every 15 s of the day, copied from the newest real one."""
+    from forecasting.models import ConditionReading
+    from tracker.services import from_epoch
+
+    real = list(ConditionReading.objects.filter(run=run).order_by("second"))
+    if not real:
+        return 0
+    taken = {r.second for r in real}
+    rows = [
+        ConditionReading(
+            run=run,
+            segment=real[-1].segment,
+            second=int(T0 + t + 1),
+            computed_at=from_epoch(T0 + t + 1),
+            found=real[-1].found,
+            deadline_p=real[-1].deadline_p,
+            input_step=t,
+        )
+        for t in range(FORECAST_S, seconds, FORECAST_S)
+        if int(T0 + t + 1) not in taken
+    ]
+    ConditionReading.objects.bulk_create(rows, batch_size=2000)
     return len(rows)
 
 

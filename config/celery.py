@@ -18,6 +18,9 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 QUEUE_FORECASTING = "forecasting"
 QUEUE_ALERTS = "alerts"
 QUEUE_DEFAULT = "default"
+# The liveness sweep's period: its beat entry below, and the server clock that reads a gap
+# between two of its ticks as the server having been down (forecasting.liveness).
+SWEEP_PERIOD_S = 60.0
 
 app.conf.update(
     task_queues=[Queue(QUEUE_DEFAULT), Queue(QUEUE_FORECASTING), Queue(QUEUE_ALERTS)],
@@ -44,11 +47,12 @@ app.conf.beat_schedule = {
     # was lost, and mark runs whose heartbeat stopped as stalled or crashed.
     "sweep-active-runs": {
         "task": "forecasting.tasks.sweep_active_runs",
-        "schedule": 60.0,
-        "options": {"expires": 55},
+        # The liveness sweep's clock reads its gaps in this period (forecasting.liveness).
+        "schedule": SWEEP_PERIOD_S,
+        "options": {"expires": SWEEP_PERIOD_S - 5},
     },
     # GPU activity of the hosts whose agents reported recently: episodes, attribution and the
-    # gpu_unexplained flags (forecasting.gpu_services).
+    # gpu_unexplained flags (forecasting.gpu.check).
     "sweep-gpu-hosts": {
         "task": "forecasting.tasks.sweep_gpu_hosts",
         "schedule": 30.0,

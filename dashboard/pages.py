@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from forecasting import gpu_services
 from forecasting.board import Board, RunView, board_arrange, board_deadlines, board_runs
+from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
     eta_history,
@@ -76,7 +76,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     """Summary of one run for its page (a constant handful of queries)."""
     outlook = RunView.of(outlook_for_run(run=run, now=now), now=now)
     # Only here, not on the board: it reads the run's hosts' batch summaries.
-    outlook.gpu_split = gpu_services.run_gpu_hours(run=outlook.run, now=now.timestamp())
+    outlook.gpu_split = gpu_selectors.run_gpu_hours(run=outlook.run, now=now.timestamp())
     keys = series_keys(run=run)
     history = list(flag_history(run=run, limit=100))
     loss_key = loss_key_for(keys)

@@ -174,7 +174,7 @@ def run_overview(request: HttpRequest, project: str, run_id: str) -> JsonRespons
     return JsonResponse(pages.run_overview(run=run))
 
 
-# The heat map's window: the detector's (forecasting.stragglers.WINDOW_STEPS) and a little more.
+# The heat map's window: the detector's (thresholds.STRAGGLER_WINDOW_STEPS) and a little more.
 RANKS_WINDOW_STEPS = 5_000
 
 

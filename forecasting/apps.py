@@ -15,4 +15,4 @@ class ForecastingConfig(AppConfig):
         if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
             # Tasks run inside this process (the test settings): load their stack now, as a
             # worker does before forking, not inside the first request that enqueues one.
-            from forecasting import services  # noqa: F401
+            from forecasting import compute, liveness  # noqa: F401

@@ -17,8 +17,6 @@ class Forecast(models.Model):
         SLIP = "slip"
         # The straggler detector's report and the what-if finish without the straggler.
         STRAGGLER = "straggler"
-        # What one computation found, before hysteresis: flags raise on a sustained finding.
-        CONDITIONS = "conditions"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="forecasts")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -45,6 +43,36 @@ class Forecast(models.Model):
         return f"{self.kind} forecast of {self.run} at step {self.input_last_step}"
 
 
+class ConditionReading(models.Model):
+    """What one computation found before hysteresis: the flags' working history.
+
+    `forecasting.hysteresis` raises a trending flag only when every reading over a window found
+    it. Keyed by the computation's second, not its input: a stalled run brings no new steps and
+    its readings must still accumulate; recomputing within the same second updates the row.
+    Kept RUNCAST_CONDITIONS_KEEP_HOURS (forecasting/retention.py).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="condition_readings")
+    segment = models.PositiveIntegerField()
+    second = models.BigIntegerField()  # epoch second of the computation: the key
+    computed_at = models.DateTimeField()
+    found = models.JSONField(default=list)  # the flag kinds this computation found, sorted
+    deadline_p = models.FloatField(null=True)  # its chance of making the cutoff, if any
+    input_step = models.BigIntegerField(null=True)  # the progress report it read
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "segment", "second"], name="reading_unique_second"
+            )
+        ]
+        # The hysteresis reads one run's readings of the last windows, oldest first.
+        indexes = [models.Index(fields=["run", "computed_at"], name="reading_history_idx")]
+
+    def __str__(self) -> str:
+        return f"conditions of {self.run} at {self.computed_at:%Y-%m-%d %H:%M:%S}"
+
+
 class Flag(models.Model):
     """One state change of one condition on one run: the outbox alerts read (healthchecks Flip).
 
@@ -65,7 +93,7 @@ class Flag(models.Model):
         STALLED = "stalled", "stalled or crashed"
         # Found on the per-rank step timings: the rank (or host) the whole job waits for.
         STRAGGLER = "straggler", "straggler rank"
-        # Found on the host agent's GPU series (forecasting.gpu_services).
+        # Found on the host agent's GPU series (forecasting.gpu.check).
         GPU_UNEXPLAINED = "gpu_unexplained", "unexplained GPU activity"
         HANG = "hang", "GPUs busy, no progress"
 

@@ -1,21 +1,21 @@
 """Retention of forecast rows: full history where it is read, one per hour beyond that.
 
 Every computation stores an ETA, a loss and (for a run with a deadline) a deadline forecast,
-keyed by its input, plus a CONDITIONS row keyed by its time: ~23,000 rows per run-day at the
+keyed by its input, plus a ConditionReading row keyed by its time: ~23,000 rows per run-day at the
 15 s cadence. What reads them:
 
-* slip detection (`services._slip_condition`): the run's first ETA and those of the last
+* slip detection (`compute._slip_condition`): the run's first ETA and those of the last
   `SLIP_WINDOW_MAX_S` (3 days);
 * "how the ETA moved" on the board and in the digest (`selectors.with_latest_forecasts`): the
   last 24 h; the run page's ETA chart: the newest 2,000 ETA forecasts (~8 h); every page: the
   newest of each kind;
-* the flags' hysteresis (`services._sustained`): CONDITIONS rows of the last
+* the flags' hysteresis (`hysteresis.sustained`): ConditionReading rows of the last
   `FLAG_SUSTAIN_MAX_S * FLAG_REOPEN_WINDOWS` (80 min).
 
 So forecasts older than RUNCAST_FORECAST_FULL_DAYS (default 7, at least 4) are thinned to the
 newest of each run, kind and RUNCAST_FORECAST_THIN_INTERVAL_S (default an hour), keeping each
-run's first of each kind; CONDITIONS rows older than RUNCAST_CONDITIONS_KEEP_HOURS (default 24,
-at least 2) are deleted. Flags (state changes, the alert history) are all kept.
+run's first of each kind; ConditionReading rows older than RUNCAST_CONDITIONS_KEEP_HOURS
+(default 24, at least 2) are deleted. Flags (state changes, the alert history) are all kept.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from django.conf import settings
 from django.db.models import Count, Max, Min
 
 from forecasting.estimators import thresholds as th
-from forecasting.models import Forecast
+from forecasting.models import ConditionReading, Forecast
 from forecasting.selectors import MOVE_WINDOW
 
-THINNED_KINDS = tuple(k for k in Forecast.Kind.values if k != Forecast.Kind.CONDITIONS)
+THINNED_KINDS = tuple(Forecast.Kind.values)
 # Full history must cover everything that reads it (slip's window, "moved over 24 h"), a day
 # more for a sweep that ran late.
 MIN_FULL = max(timedelta(seconds=th.SLIP_WINDOW_MAX_S), MOVE_WINDOW) + timedelta(days=1)
@@ -44,12 +44,12 @@ DELETE_ROWS = 5_000  # per DELETE statement
 @dataclass(frozen=True)
 class ForecastThinResult:
     thinned: int  # forecasts older than the full window, deleted
-    conditions: int  # CONDITIONS rows deleted
+    conditions: int  # ConditionReading rows deleted
     done: bool  # False when the time budget ran out first: the next tick continues
 
 
 def windows() -> tuple[timedelta, float, timedelta]:
-    """(full history, thinned interval in seconds, CONDITIONS kept), from the settings."""
+    """(full history, thinned interval in seconds, readings kept), from the settings."""
     full = timedelta(days=float(getattr(settings, "RUNCAST_FORECAST_FULL_DAYS", 7)))
     every = float(getattr(settings, "RUNCAST_FORECAST_THIN_INTERVAL_S", 3600))
     hours = float(getattr(settings, "RUNCAST_CONDITIONS_KEEP_HOURS", 24))
@@ -61,11 +61,12 @@ def forecasts_thin(*, now: datetime, budget_s: float = 40.0) -> ForecastThinResu
     full, every, keep_conditions = windows()
     began = time.monotonic()
     conditions = _delete_ids(
+        ConditionReading,
         list(
-            Forecast.objects.filter(
-                kind=Forecast.Kind.CONDITIONS, computed_at__lt=now - keep_conditions
-            ).values_list("id", flat=True)
-        )
+            ConditionReading.objects.filter(computed_at__lt=now - keep_conditions).values_list(
+                "id", flat=True
+            )
+        ),
     )
     cutoff = now - full
     # The (run, kind) pairs whose old rows outnumber the intervals they span: the others (every
@@ -103,12 +104,12 @@ def _thin_one(*, run_id: int, kind: str, cutoff: datetime, every: float) -> int:
         # Ascending order: the last row seen in a bucket is its newest, the one kept.
         keep_bucket[int(at.timestamp() // every)] = pk
     kept = set(keep_bucket.values())
-    return _delete_ids([pk for pk in ids if pk not in kept])
+    return _delete_ids(Forecast, [pk for pk in ids if pk not in kept])
 
 
-def _delete_ids(ids: list[int]) -> int:
+def _delete_ids(model: type[Forecast] | type[ConditionReading], ids: list[int]) -> int:
     deleted = 0
     for start in range(0, len(ids), DELETE_ROWS):
-        count, _ = Forecast.objects.filter(id__in=ids[start : start + DELETE_ROWS]).delete()
+        count, _ = model.objects.filter(id__in=ids[start : start + DELETE_ROWS]).delete()
         deleted += count
     return deleted

@@ -14,8 +14,9 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
+from forecasting.conditions import Reading
 from forecasting.estimators import thresholds as th
-from forecasting.models import Flag, Forecast
+from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Run
 
 # How far back "how the ETA moved" looks: a lead's day.
@@ -30,9 +31,7 @@ def forecast_latest(*, run: Run, kind: str) -> Forecast | None:
 
 def forecasts_latest(*, run: Run) -> dict[str, Forecast]:
     """The newest forecast of each kind (one indexed query per kind)."""
-    # CONDITIONS rows are the flags' working history (hysteresis), not a forecast to show.
-    kinds = [k for k in Forecast.Kind.values if k != Forecast.Kind.CONDITIONS]
-    found = {kind: forecast_latest(run=run, kind=kind) for kind in kinds}
+    found = {kind: forecast_latest(run=run, kind=kind) for kind in Forecast.Kind.values}
     return {kind: f for kind, f in found.items() if f is not None}
 
 
@@ -199,3 +198,22 @@ def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> 
         fresh = straggler is not None and straggler.data.get("ranks")
         out.straggler = straggler.data if fresh and straggler is not None else flag.data
     return out
+
+
+def condition_readings(*, run: Run, since: datetime, until: datetime) -> list[Reading]:
+    """The hysteresis' history: what each computation of the run found, oldest first."""
+    rows = ConditionReading.objects.filter(
+        run=run, computed_at__gte=since, computed_at__lte=until
+    ).order_by("computed_at")
+    return [
+        Reading(r.computed_at, frozenset(r.found or ()), r.deadline_p, r.input_step)
+        for r in rows.only("computed_at", "found", "deadline_p", "input_step")
+    ]
+
+
+def kinds_resolved_since(*, run: Run, since: datetime) -> frozenset[str]:
+    return frozenset(
+        Flag.objects.filter(run=run, state=Flag.State.RESOLVED, created_at__gte=since).values_list(
+            "kind", flat=True
+        )
+    )

@@ -1,8 +1,9 @@
 """The straggler condition of one forecast: load the recent window of rank timings, run the
 pure detector, and price what the straggler costs and when the run would finish without it.
 
-Called by forecasting.services.forecast_compute (it owns the flag's hysteresis and rows); this
-module writes only the STRAGGLER forecast, which the run page and the board read.
+Called by forecasting.compute.forecast_compute (it owns the flag's hysteresis and rows); this
+module writes only the STRAGGLER forecast (through forecasting.store), which the run page and
+the board read.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ import numpy as np
 
 from forecasting import selectors
 from forecasting.estimators import formatting as fmt
+from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.eta import EtaForecast
 from forecasting.estimators.stragglers import Straggler, StragglerReport, detect_stragglers
 from forecasting.models import Flag, Forecast
+from forecasting.store import forecast_store
 from tracker import rank_timings
 from tracker.models import Run
-
-# Steps of every rank the detector reads (bounded in cells and rows by tracker.rank_timings).
-WINDOW_STEPS = 2_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,9 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
 
     Runs whose ranks send no timings cost one indexed query.
     """
-    timings = rank_timings.rank_timings_window(run=run, last_steps=WINDOW_STEPS).complete()
+    timings = rank_timings.rank_timings_window(
+        run=run, last_steps=th.STRAGGLER_WINDOW_STEPS
+    ).complete()
     if timings.empty:
         return None
     report = detect_stragglers(
@@ -99,7 +101,7 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
     data = _data(run=run, report=report, top=top, onset=onset, eta=eta, last_step=last_step)
     data["window"] = [int(timings.steps[0]), last_step]
     data["ranks_seen"] = int(timings.ranks.size)
-    _store(run=run, last_step=last_step, now=now, data=data, eta=eta, report=report)
+    _store(run=run, last_step=last_step, now=now, data=data, report=report)
     if top is None or onset is None:
         return None
     text = _explanation(run=run, top=top, onset=onset, data=data, now=now)
@@ -173,21 +175,17 @@ def _store(
     last_step: int,
     now: datetime,
     data: dict[str, Any],
-    eta: EtaForecast | None,
     report: StragglerReport,
 ) -> None:
-    p50 = data.get("whatif_finish_p50")
-    Forecast.objects.update_or_create(
+    # The what-if finish is this forecast's finish: the board draws it beside the ETA.
+    p50 = data.get("whatif_finish_p50") if report.stragglers else None
+    forecast_store(
         run=run,
         kind=Forecast.Kind.STRAGGLER,
-        segment=run.current_segment,
-        input_last_step=last_step,
-        defaults={
-            "computed_at": now,
-            "data": data,
-            # The what-if finish is this forecast's finish: the board draws it beside the ETA.
-            "finish_p50": p50 if report.stragglers else None,
-        },
+        last_step=last_step,
+        now=now,
+        data=data,
+        finish=(None, p50, None),
     )
 
 

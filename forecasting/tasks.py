@@ -16,9 +16,10 @@ from django.utils import timezone
 
 from forecasting import retention, selectors
 
-# `forecasting.services` (the estimators: scipy, pandas, statsmodels; ~100 MB per process) is
-# imported inside the tasks, not here: web workers import this module to enqueue and must not
-# carry the forecasting stack they never run (tests/test_memory.py keeps it that way).
+# `forecasting.compute` and `forecasting.liveness` (the estimators: scipy, pandas, statsmodels;
+# ~100 MB per process) are imported inside the tasks, not here: web workers import this module to
+# enqueue and must not carry the forecasting stack they never run (tests/test_memory.py keeps it
+# that way).
 
 # A run sends a batch every second or so; forecasting each would be waste. One forecast per
 # run per interval, computed after the interval so it sees everything that arrived meanwhile.
@@ -45,20 +46,20 @@ def forecast_enqueue(*, run_id: int, immediate: bool = False) -> bool:
 def forecast_run(run_id: int) -> None:
     # Clear the debounce marker first: data arriving during this computation schedules the next.
     cache.delete(_pending_key(run_id))
-    from forecasting import services
+    from forecasting import compute
 
-    services.forecast_compute(run_id=run_id)
+    compute.forecast_compute(run_id=run_id)
 
 
 @shared_task(soft_time_limit=50, time_limit=55)
 def sweep_active_runs() -> None:
     """Beat: liveness for every active run, and a forecast for each (the queue is only a hint)."""
-    from forecasting import services
+    from forecasting import liveness
 
-    if not services.server_listening(probe_url=settings.RUNCAST_WEB_PROBE_URL):
+    if not liveness.server_listening(probe_url=settings.RUNCAST_WEB_PROBE_URL):
         return  # the web tier is down: clients spool, and nobody's silence is their own
     for run_id in selectors.active_run_ids():
-        services.run_check_liveness(run_id=run_id)
+        liveness.run_check_liveness(run_id=run_id)
         forecast_enqueue(run_id=run_id)
 
 
@@ -69,10 +70,11 @@ def sweep_gpu_hosts() -> None:
     A sweep rather than a task per batch: agents send every few seconds, and an episode is only
     judged once it has ended, so a check every 30 s loses nothing.
     """
-    from forecasting import gpu_services
+    from forecasting.gpu import check as gpu_check
+    from forecasting.gpu import selectors as gpu_selectors
 
-    for host_id in gpu_services.recently_seen_host_ids():
-        gpu_services.gpu_check_host(host_id=host_id)
+    for host_id in gpu_selectors.recently_seen_host_ids():
+        gpu_check.gpu_check_host(host_id=host_id)
 
 
 @shared_task(soft_time_limit=120, time_limit=150)
@@ -86,4 +88,4 @@ def _preload_forecasting(**kwargs: Any) -> None:
     # In a Celery worker the stack is wanted: import it once in the parent before the pool
     # forks, so every prefork child shares those pages (copy-on-write) instead of importing its
     # own copy, and no child's first forecast waits a second for the imports.
-    from forecasting import services  # noqa: F401
+    from forecasting import compute, liveness  # noqa: F401

@@ -59,4 +59,4 @@ def test_it_serves_every_url_without_the_forecasting_stack() -> None:
 def test_it_notices_when_the_web_path_pulls_the_stack_in() -> None:
     # The check itself: the same process with the worker's module imported does show them,
     # so an empty list above means "not imported", not "not looked for".
-    assert set(_heavy_after("import forecasting.services")) >= {"scipy", "pandas"}
+    assert set(_heavy_after("import forecasting.compute")) >= {"scipy", "pandas"}

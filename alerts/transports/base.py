@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# Defined by the outbound HTTP seam, which raises it; every transport raises it too.
+from config.outbound import TransportError
+
 if TYPE_CHECKING:
     from alerts.messages import Message
     from alerts.models import Channel
 
 
-class TransportError(Exception):
-    """A failed delivery. permanent=True means retrying cannot help (bad address, revoked
-    webhook): the channel is disabled and the reason shown. Otherwise it is retried."""
-
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.permanent = permanent
+__all__ = ["Transport", "TransportError"]
 
 
 class Transport:

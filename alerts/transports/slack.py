@@ -10,8 +10,8 @@ from typing import Any
 
 from alerts import conf
 from alerts.messages import Message
-from alerts.transports import http
 from alerts.transports.base import Transport, TransportError
+from config import outbound as http
 
 PERMANENT_CODES = frozenset(
     {

@@ -14,8 +14,8 @@ import time
 
 from alerts import conf
 from alerts.messages import Message
-from alerts.transports import http
 from alerts.transports.base import Transport, TransportError
+from config import outbound as http
 
 # The endpoint is gone: retrying cannot help.
 PERMANENT_STATUSES = frozenset({404, 410})

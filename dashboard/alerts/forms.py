@@ -10,7 +10,7 @@ from django.core.validators import URLValidator, validate_email
 from alerts.kinds import BY_KEY
 from alerts.models import Channel, Rule, Severity
 from alerts.selectors import channel_list
-from alerts.transports.http import target_problem
+from config.outbound import target_problem
 from tracker.models import Project
 
 _url = URLValidator(schemes=["http", "https"])

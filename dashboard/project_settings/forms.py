@@ -10,8 +10,8 @@ from zoneinfo import available_timezones
 from django import forms
 
 from tracker.models import ApiToken, Deadline, Membership
-from tracker.services import ServiceError
 from tracker.project_settings.services import MAX_BUFFER, local_to_aware, parse_targets
+from tracker.services import ServiceError
 
 
 @cache

@@ -424,3 +424,21 @@ BOARD_RISK_TROUBLE = 3.0
 # question is answered.
 BOARD_RISK_ENDED_SINK = 2.0
 # (BOARD RISK section: end)
+
+# -- the GPU check on the server (forecasting.gpu.check) ----------------------------------------
+# How far back each check reads a host's agent series: an episode is judged once it has ended,
+# and the sweep runs every 30 s, so half an hour holds every episode still being judged.
+GPU_CHECK_LOOKBACK_S = 1800.0
+# Runcast events are instants (an eval logged when it ran): activity within this of one is the
+# run's. The message quotes it.
+GPU_EVENT_WINDOW_S = 60.0
+# The estimator's tolerance and relative margin on the server's 1-s bins (its Settings).
+GPU_CHECK_TOLERANCE_S = 5.0
+GPU_CHECK_REL = 0.1
+# Below this mean utilisation the GPUs are not "busy": a silent run on idle GPUs is the liveness
+# sweep's stall, not a hang.
+GPU_HANG_BUSY_FLOOR = 20.0
+
+# -- stragglers on the server (forecasting.stragglers) ------------------------------------------
+# Steps of every rank the detector reads (bounded in cells and rows by tracker.rank_timings).
+STRAGGLER_WINDOW_STEPS = 2_000

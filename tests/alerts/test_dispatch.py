@@ -374,7 +374,8 @@ def test_it_dispatches_as_soon_as_forecasting_commits_a_flag(
     sink: HttpSink,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    from forecasting.services import Condition, flags_sync
+    from forecasting.conditions import Condition
+    from forecasting.flags import flags_sync
 
     with django_capture_on_commit_callbacks(execute=True):
         flags_sync(

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from forecasting import services as forecasting
+from forecasting import compute
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink, Mailbox
 from tests.client.ddp_worker import train
@@ -108,7 +108,7 @@ def test_a_slow_rank_of_a_torchrun_job_shows_on_the_run_page_and_alerts_once(
         # Forecasts over the flags' hysteresis window (what the sweeper does every 15 s).
         now = timezone.now()
         for k in range(4):
-            forecasting.forecast_compute(run_id=run.pk, now=now + timedelta(seconds=20 * k))
+            compute.forecast_compute(run_id=run.pk, now=now + timedelta(seconds=20 * k))
 
         flag = Flag.objects.get(run=run, kind=Flag.Kind.STRAGGLER, state=Flag.State.RAISED)
         assert flag.data["ranks"] == [SLOW_RANK]

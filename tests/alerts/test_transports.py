@@ -11,8 +11,9 @@ import pytest
 
 from alerts import services
 from alerts.models import Channel, Notification
-from alerts.transports import TransportError, http
+from alerts.transports import TransportError
 from alerts.transports.webhook import verify
+from config import outbound as http
 from forecasting.models import Forecast
 from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
 from tracker.models import Deadline, Run

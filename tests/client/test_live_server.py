@@ -151,7 +151,7 @@ def test_a_server_outage_raises_no_crash_for_a_run_that_kept_training(
     0.25 s (period 0.5 s) and a run counts as silent after 1 s."""
     from django.db import connection
 
-    from forecasting import services as forecasting
+    from forecasting import liveness
     from forecasting.estimators import thresholds as th
     from forecasting.models import Flag
 
@@ -167,8 +167,8 @@ def test_a_server_outage_raises_no_crash_for_a_run_that_kept_training(
     def sweep() -> None:
         # What forecasting.tasks.sweep_active_runs does, at the shrunk period.
         probe = f"http://127.0.0.1:{relay.port}/healthz"
-        if forecasting.server_listening(probe_url=probe, period_s=0.5):
-            forecasting.run_check_liveness(run_id=db_run.pk)
+        if liveness.server_listening(probe_url=probe, period_s=0.5):
+            liveness.run_check_liveness(run_id=db_run.pk)
 
     step = 0
 

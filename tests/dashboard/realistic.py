@@ -18,7 +18,7 @@ import numpy as np
 
 from curveset import CurveRow, curve_rows
 from forecasting import receivers
-from forecasting.services import forecast_compute
+from forecasting.compute import forecast_compute
 from tracker.models import Deadline, Event, Project, Run
 from tracker.project_settings.services import deadline_create
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start

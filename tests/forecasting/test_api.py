@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forecasting import services
+from forecasting import compute
 from forecasting.estimators import thresholds as th
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
@@ -30,7 +30,7 @@ def forecast_run(project):
         heartbeat=None,
         series=[SeriesIn("loss", steps, loss, 1.76e9 + steps.astype(float))],
     )
-    services.forecast_compute(run_id=run.pk, now=from_epoch(1.76e9 + 2000))
+    compute.forecast_compute(run_id=run.pk, now=from_epoch(1.76e9 + 2000))
     return run
 
 

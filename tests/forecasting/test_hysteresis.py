@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from forecasting import services
+from forecasting import compute, conditions, flags, liveness, selectors
 from forecasting.estimators.stalled import detect_stall
 from forecasting.models import Flag, Forecast
 from tests.forecasting.test_services import at, healthy_loss, make_run, send
@@ -18,19 +18,19 @@ from tracker.models import Run
 
 pytestmark = pytest.mark.django_db
 
-RISE = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
+RISE = conditions.Condition("rise", "Loss has been rising", 9.0, 100.0)
 
 
 def sync(
-    run: Run, found: list[services.Condition], seconds: float, input_step: int | None = None
+    run: Run, found: list[conditions.Condition], seconds: float, input_step: int | None = None
 ) -> dict[str, Flag]:
     """One computation; by default on new data (a progress report per computation)."""
     now = at(seconds)
     step = int(seconds) if input_step is None else input_step
     odds = _odds_at(run, now)
-    kept = services._sustained(run=run, found=found, odds=odds, now=now, input_step=step)
-    services.flags_sync(run=run, conditions=kept, kinds=services.FORECAST_FLAG_KINDS, now=now)
-    return services.selectors.flags_open(run=run)
+    kept = compute._sustained(run=run, found=found, odds=odds, now=now, input_step=step)
+    flags.flags_sync(run=run, conditions=kept, kinds=compute.FORECAST_FLAG_KINDS, now=now)
+    return selectors.flags_open(run=run)
 
 
 def _odds_at(run: Run, now) -> float | None:
@@ -63,7 +63,7 @@ def test_a_finding_sustained_in_evaluations_raises_without_a_time_window(project
     run = make_run(project)
     run.started_at = at(0)
     run.save()
-    val_rise = services.Condition(
+    val_rise = conditions.Condition(
         "rise", "Validation loss has risen", 9.0, 100.0, {"sustained_points": 2}
     )
     assert "rise" not in sync(run, [RISE], 1000)  # a train-loss rise waits for its window
@@ -72,11 +72,11 @@ def test_a_finding_sustained_in_evaluations_raises_without_a_time_window(project
 
 def test_events_raise_at_once(project):
     run = make_run(project)
-    nan = services.Condition("nan", "loss became NaN", 1.0, 10.0)
+    nan = conditions.Condition("nan", "loss became NaN", 1.0, 10.0)
     assert "nan" in sync(run, [nan], 1000)
 
 
-def _odds(run: Run, seconds: float, p: float) -> list[services.Condition]:
+def _odds(run: Run, seconds: float, p: float) -> list[conditions.Condition]:
     Forecast.objects.create(
         run=run,
         kind=Forecast.Kind.DEADLINE,
@@ -87,7 +87,7 @@ def _odds(run: Run, seconds: float, p: float) -> list[services.Condition]:
     )
     if p >= 0.9:
         return []
-    return [services.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})]
+    return [conditions.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})]
 
 
 def test_a_deadline_flag_closes_only_when_the_odds_are_clearly_back(project):
@@ -211,17 +211,17 @@ def test_a_server_outage_does_not_crash_a_run_it_could_not_hear(project):
         steps = np.arange(i * 10, (i + 1) * 10)
         send(run, steps, healthy_loss(steps), seq=i + 1)
     last = Run.objects.get(pk=run.pk).last_seen_at
-    services.server_tick(now=last)
+    liveness.server_tick(now=last)
     # The server (web and worker) stops for ten minutes; its first tick back finds the gap.
     back = last + timedelta(minutes=10)
-    assert services.server_tick(now=back) == back
-    services.run_check_liveness(run_id=run.pk, now=back + timedelta(seconds=5))
+    assert liveness.server_tick(now=back) == back
+    liveness.run_check_liveness(run_id=run.pk, now=back + timedelta(seconds=5))
     assert Run.objects.get(pk=run.pk).status == "running"
     assert not Flag.objects.filter(run=run, kind="stalled").exists()
     # Still silent well after the server came back: that silence is the run's.
     for minutes in (1, 2, 3):
-        services.server_tick(now=back + timedelta(minutes=minutes))
-    services.run_check_liveness(run_id=run.pk, now=back + timedelta(minutes=3))
+        liveness.server_tick(now=back + timedelta(minutes=minutes))
+    liveness.run_check_liveness(run_id=run.pk, now=back + timedelta(minutes=3))
     assert Run.objects.get(pk=run.pk).status == "crashed"
 
 
@@ -320,7 +320,7 @@ def test_a_web_silent_for_over_an_hour_no_longer_holds_the_checks_back(project, 
     run, last = _silent_run(project)
     sweep(last)
     sweep.web.down()
-    out = last + timedelta(seconds=services.WEB_OUTAGE_MAX_S)
+    out = last + timedelta(seconds=liveness.WEB_OUTAGE_MAX_S)
     for minutes in range(0, 4):
         sweep(out + timedelta(minutes=minutes))
     assert Run.objects.get(pk=run.pk).status == "running"  # within the hour: an outage
@@ -330,10 +330,10 @@ def test_a_web_silent_for_over_an_hour_no_longer_holds_the_checks_back(project, 
 
 
 def test_regular_ticks_keep_the_server_listening(project):
-    first = services.server_tick(now=at(0))
+    first = liveness.server_tick(now=at(0))
     for k in range(1, 5):
-        assert services.server_tick(now=at(60 * k + 20 * (k % 2))) == first  # late, not missed
-    assert services.server_tick(now=at(60 * 4 + 150)) == at(390)  # a missed tick: a gap
+        assert liveness.server_tick(now=at(60 * k + 20 * (k % 2))) == first  # late, not missed
+    assert liveness.server_tick(now=at(60 * 4 + 150)) == at(390)  # a missed tick: a gap
 
 
 def test_a_resume_from_an_earlier_checkpoint_is_not_a_stall(project):
@@ -360,7 +360,7 @@ def test_a_resume_from_an_earlier_checkpoint_is_not_a_stall(project):
     for k, batch in enumerate(resumed):  # one batch a second, the last just now
         when = timezone.now() - timedelta(seconds=20 - k)
         IngestBatch.objects.filter(pk=batch.pk).update(received_at=when)
-    services.run_check_liveness(run_id=run.pk)
+    liveness.run_check_liveness(run_id=run.pk)
     assert not Flag.objects.filter(run=run, kind="stalled").exists()
     assert Run.objects.get(pk=run.pk).status == "running"
 

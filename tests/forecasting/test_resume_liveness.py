@@ -7,7 +7,7 @@ from datetime import timedelta
 import numpy as np
 from django.utils import timezone
 
-from forecasting import services
+from forecasting import flags, liveness
 from forecasting.models import Flag
 from tests.forecasting.test_services import healthy_loss, make_run, send
 from tracker.models import IngestBatch, Run
@@ -29,7 +29,7 @@ def test_a_sweep_between_a_resume_and_its_first_batch_finds_no_stall(project):
     for k, batch in enumerate(IngestBatch.objects.filter(run=run).order_by("seq")):
         IngestBatch.objects.filter(pk=batch.pk).update(received_at=died - timedelta(seconds=20 - k))
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=died)
-    services.flags_close(run=Run.objects.get(pk=run.pk), reason="the run crashed", now=died)
+    flags.flags_close(run=Run.objects.get(pk=run.pk), reason="the run crashed", now=died)
     before = set(Flag.objects.filter(run=run).values_list("pk", flat=True))
 
     run_start(
@@ -39,7 +39,7 @@ def test_a_sweep_between_a_resume_and_its_first_batch_finds_no_stall(project):
         started_at=from_epoch(timezone.now().timestamp()),
         fields={},
     )
-    services.run_check_liveness(run_id=run.pk)
+    liveness.run_check_liveness(run_id=run.pk)
 
     assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
     new = Flag.objects.filter(run=run).exclude(pk__in=before)
@@ -49,7 +49,8 @@ def test_a_sweep_between_a_resume_and_its_first_batch_finds_no_stall(project):
 def test_a_cleared_flag_quotes_what_it_said_as_past(project):
     # "nan cleared: Loss became NaN/Inf at step 10,000 ... and is still not finite" on the run
     # page and the alert history: the line that says it cleared said the loss still was NaN.
-    from forecasting.services import Condition, flags_sync
+    from forecasting.conditions import Condition
+    from forecasting.flags import flags_sync
 
     run = make_run(project)
     text = "Loss became NaN/Inf at step 10,000 and is still not finite."

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from django.db.models import QuerySet
 from django.test import override_settings
 
-from forecasting import retention, selectors, services, tasks
-from forecasting.models import Forecast
+from forecasting import compute, conditions, retention, selectors, tasks
+from forecasting.models import ConditionReading, Forecast
 from tests.forecasting.test_services import at, make_run
 from tracker.models import Run
 
@@ -27,7 +29,7 @@ def _finish(t: float) -> float:
 
 
 def _history(run: Run) -> None:
-    rows = []
+    rows, readings = [], []
     for i, t in enumerate(TIMES):
         base = {"run": run, "segment": run.current_segment, "computed_at": at(t)}
         p50 = 1.76e9 + _finish(t)
@@ -44,8 +46,9 @@ def _history(run: Run) -> None:
         )
         rows.append(Forecast(**base, kind="loss", input_last_step=i, data={"key": "loss"}))
         found = ["rise"] if t > SPAN - 2 * HOUR else []
-        rows.append(Forecast(**base, kind="conditions", input_last_step=t, data={"found": found}))
+        readings.append(ConditionReading(**base, second=int(1.76e9 + t), found=found))
     Forecast.objects.bulk_create(rows, batch_size=2000)
+    ConditionReading.objects.bulk_create(readings, batch_size=2000)
 
 
 def _kept_before(cutoff: float) -> int:
@@ -62,7 +65,11 @@ def run(project):
 
 
 def _count(run: Run, kind: str, since: float | None = None, until: float | None = None) -> int:
-    rows = Forecast.objects.filter(run=run, kind=kind)
+    rows: QuerySet[Any] = (
+        ConditionReading.objects.filter(run=run)
+        if kind == "conditions"  # the hysteresis' readings
+        else Forecast.objects.filter(run=run, kind=kind)
+    )
     if since is not None:
         rows = rows.filter(computed_at__gte=at(since))
     if until is not None:
@@ -93,17 +100,17 @@ def test_it_keeps_the_window_and_one_forecast_per_hour_before_it(run):
 
 
 def test_slip_and_hysteresis_decide_the_same_after_thinning(run):
-    slip_before = services._slip_condition(run=run, now=at(NOW))
+    slip_before = compute._slip_condition(run=run, now=at(NOW))
     assert slip_before and slip_before[0].kind == "slip"  # the history does slip
-    rise = services.Condition("rise", "Loss has been rising", 9.0, 100.0)
+    rise = conditions.Condition("rise", "Loss has been rising", 9.0, 100.0)
     # Even an operator's too-short window keeps what slip reads (at least 4 days).
     with override_settings(RUNCAST_FORECAST_FULL_DAYS=0.5, RUNCAST_CONDITIONS_KEEP_HOURS=0.1):
         retention.forecasts_thin(now=at(NOW))
     assert _count(run, "eta", until=NOW - 4 * DAY) == _kept_before(NOW - 4 * DAY)
-    slip_after = services._slip_condition(run=run, now=at(NOW))
+    slip_after = compute._slip_condition(run=run, now=at(NOW))
     assert [c.__dict__ for c in slip_after] == [c.__dict__ for c in slip_before]
     # Two hours of "rise" in every computation: the hysteresis still holds it after thinning.
-    held = services._sustained(run=run, found=[rise], odds=None, now=at(NOW + MINUTE))
+    held = compute._sustained(run=run, found=[rise], odds=None, now=at(NOW + MINUTE))
     assert [c.kind for c in held] == ["rise"]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from forecasting import selectors, services
+from forecasting import compute, conditions, flags, liveness, selectors
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag, Forecast
 from tracker.models import Deadline, Run, RunSegment
@@ -71,7 +71,7 @@ def compute_sustained(run, seconds, *, windows=1):
     (`windows=4`): over one window it would be one reading recomputed."""
     window = max(45.0, 0.05 * seconds) * windows
     for k in range(3 * windows + 1):
-        services.forecast_compute(run_id=run.pk, now=at(seconds + k * window / (3 * windows)))
+        compute.forecast_compute(run_id=run.pk, now=at(seconds + k * window / (3 * windows)))
     return seconds + window
 
 
@@ -79,8 +79,8 @@ def test_it_stores_eta_and_loss_forecasts_idempotently(project):
     run = make_run(project)
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(4000))
-    services.forecast_compute(run_id=run.pk, now=at(4000))
+    compute.forecast_compute(run_id=run.pk, now=at(4000))
+    compute.forecast_compute(run_id=run.pk, now=at(4000))
     eta = Forecast.objects.exclude(data__has_key="as_of_history").get(run=run, kind="eta")
     assert Forecast.objects.filter(run=run, kind="loss").count() == 1
     assert selectors.eta_history_rebuilt(run=run) == th.ETA_BACKFILL_POINTS  # once only
@@ -97,7 +97,7 @@ def test_a_run_first_forecast_after_hours_of_history_gets_that_history_rebuilt(p
     run = make_run(project)
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(4000))
+    compute.forecast_compute(run_id=run.pk, now=at(4000))
     history = selectors.eta_history(run=run)
     assert len(history) == th.ETA_BACKFILL_POINTS + 1
     made = [h[0] - T0 for h in history]
@@ -112,7 +112,7 @@ def test_a_run_first_forecast_after_hours_of_history_gets_that_history_rebuilt(p
     live = make_run(project, run_id="live")
     few = np.arange(100)
     send(live, few, healthy_loss(few), seq=1)
-    services.forecast_compute(run_id=live.pk, now=at(100))
+    compute.forecast_compute(run_id=live.pk, now=at(100))
     assert selectors.eta_history_rebuilt(run=live) == 0
 
 
@@ -131,12 +131,12 @@ def test_a_slip_in_rebuilt_history_raises_nothing(project):
         events=[],
         heartbeat=None,
     )
-    services.forecast_compute(run_id=run.pk, now=at(6000))
+    compute.forecast_compute(run_id=run.pk, now=at(6000))
     rebuilt = selectors.eta_history(run=run)[:-1]
     assert rebuilt[-1][2] - rebuilt[0][2] > 3600  # the rebuilt finish slipped by over an hour
     # The slip detector reads the live forecasts only: read with the rebuilt ones, this one
     # finds "finish slipped from 14:35 to 19:45 over 1.1 h" in the past of an import.
-    assert services._slip_condition(run=run, now=at(6000)) == []
+    assert compute._slip_condition(run=run, now=at(6000)) == []
     assert not Flag.objects.filter(run=run, kind="slip").exists()
 
 
@@ -147,8 +147,8 @@ def test_it_raises_a_nan_flag_once_and_names_the_rollback_checkpoint(project):
     loss[2990:] = np.nan
     ckpt = EventIn(kind="checkpoint", step=2500, time=at(2500), payload={"path": "/ck/2500"})
     send(run, steps, loss, seq=1, events=[ckpt])
-    services.forecast_compute(run_id=run.pk, now=at(3000))
-    services.forecast_compute(run_id=run.pk, now=at(3001))
+    compute.forecast_compute(run_id=run.pk, now=at(3000))
+    compute.forecast_compute(run_id=run.pk, now=at(3001))
     flag = Flag.objects.get(run=run, kind="nan")
     assert flag.state == "raised"
     assert flag.onset_step == 2990
@@ -160,13 +160,13 @@ def test_it_raises_a_nan_flag_once_and_names_the_rollback_checkpoint(project):
 def test_it_resolves_a_flag_when_the_condition_clears(project):
     run = make_run(project)
     now = timezone.now()
-    services.flags_sync(
+    flags.flags_sync(
         run=run,
-        conditions=[services.Condition("spike", "loss spiked", 6.0, 100)],
+        conditions=[conditions.Condition("spike", "loss spiked", 6.0, 100)],
         kinds=("spike",),
         now=now,
     )
-    services.flags_sync(run=run, conditions=[], kinds=("spike",), now=now + timedelta(minutes=1))
+    flags.flags_sync(run=run, conditions=[], kinds=("spike",), now=now + timedelta(minutes=1))
     states = list(
         Flag.objects.filter(run=run).order_by("created_at").values_list("state", flat=True)
     )
@@ -178,8 +178,8 @@ def test_it_updates_a_flag_only_when_its_onset_moves(project):
     run = make_run(project)
     now = timezone.now()
     for onset in (100, 100, 250):
-        cond = services.Condition("rise", "loss rising", 1.0, onset)
-        services.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
+        cond = conditions.Condition("rise", "loss rising", 1.0, onset)
+        flags.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
     states = list(Flag.objects.filter(run=run).order_by("id").values_list("state", flat=True))
     assert states == ["raised", "updated"]
 
@@ -188,10 +188,10 @@ def test_a_loss_finding_whose_onset_moves_is_news_only_when_its_rollback_checkpo
     run = make_run(project)
     now = timezone.now()
     for onset, rollback in ((4100, 4000), (4150, 4000), (4180, 4000), (3950, 3000), (3960, None)):
-        cond = services.Condition(
+        cond = conditions.Condition(
             "regression", "loss regressed", 1.0, onset, {"rollback_step": rollback}
         )
-        services.flags_sync(run=run, conditions=[cond], kinds=("regression",), now=now)
+        flags.flags_sync(run=run, conditions=[cond], kinds=("regression",), now=now)
     rows = Flag.objects.filter(run=run).order_by("id")
     assert [(f.state, f.onset_step) for f in rows] == [
         ("raised", 4100),
@@ -207,7 +207,7 @@ def test_it_flags_a_deadline_the_run_cannot_make(project):
     run = make_run(project, deadline="eval")
     steps = np.arange(4000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(4000))
+    compute.forecast_compute(run_id=run.pk, now=at(4000))
     assert not Flag.objects.filter(run=run, kind="deadline").exists()  # one forecast: not yet
     compute_sustained(run, 4000)
     # One report, recomputed through a window: one reading, not yet a sustained one.
@@ -224,7 +224,7 @@ def test_it_flags_a_slipping_eta(project):
     run = make_run(project, total=20_000)
     steps = np.arange(2000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(2000))
+    compute.forecast_compute(run_id=run.pk, now=at(2000))
     halve_pace(run)  # every later forecast moves the finish later
     flag = Flag.objects.get(run=run, kind="slip")
     # One sentence, not two run together: the demo's flag history read "ETA slipping finish
@@ -241,7 +241,7 @@ def test_a_run_aimed_at_a_cutoff_has_one_flag_whose_why_is_its_slip(project):
     run = make_run(project, total=20_000, deadline="eval")
     steps = np.arange(2000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(2000))
+    compute.forecast_compute(run_id=run.pk, now=at(2000))
     halve_pace(run)  # 18,000 steps at 2 s: a finish near 38,000 s, the cutoff at 26,000 s
     assert not Flag.objects.filter(run=run, kind="slip").exists()
     flag = Flag.objects.get(run=run, kind="deadline", state="raised")
@@ -254,9 +254,9 @@ def test_it_marks_a_silent_run_crashed(project):
     for i in range(20):
         steps = np.arange(i * 10, (i + 1) * 10)
         send(run, steps, healthy_loss(steps), seq=i + 1)
-    services.run_check_liveness(run_id=run.pk, now=timezone.now())
+    liveness.run_check_liveness(run_id=run.pk, now=timezone.now())
     assert Run.objects.get(pk=run.pk).status == "running"
-    services.run_check_liveness(run_id=run.pk, now=timezone.now() + timedelta(hours=1))
+    liveness.run_check_liveness(run_id=run.pk, now=timezone.now() + timedelta(hours=1))
     assert Run.objects.get(pk=run.pk).status == "crashed"
     assert Flag.objects.get(run=run, kind="stalled").state == "raised"
 
@@ -273,8 +273,8 @@ def test_a_nan_in_a_killed_runs_last_data_is_raised_before_it_looks_crashed(proj
             loss[-3:] = np.nan
         send(run, steps, loss, seq=i + 1)
     later = timezone.now() + timedelta(hours=1)
-    services.run_check_liveness(run_id=run.pk, now=later)
-    services.run_check_liveness(run_id=run.pk, now=later + timedelta(minutes=1))
+    liveness.run_check_liveness(run_id=run.pk, now=later)
+    liveness.run_check_liveness(run_id=run.pk, now=later + timedelta(minutes=1))
     rows = list(Flag.objects.filter(run=run).order_by("created_at", "id"))
     assert [(f.kind, f.state) for f in rows] == [("nan", "raised"), ("stalled", "raised")]
 
@@ -282,18 +282,18 @@ def test_a_nan_in_a_killed_runs_last_data_is_raised_before_it_looks_crashed(proj
 def test_edge_cases_do_not_break_the_service(project):
     run = make_run(project, total=None)
     send(run, np.array([0, 1]), np.array([np.nan, 5.0]), seq=1)
-    assert services.forecast_compute(run_id=run.pk, now=at(2)) is not None
+    assert compute.forecast_compute(run_id=run.pk, now=at(2)) is not None
     assert not Forecast.objects.filter(run=run, kind="eta").exists()
     assert Flag.objects.filter(run=run, kind="nan").exists()
-    assert services.forecast_compute(run_id=999_999) == []
+    assert compute.forecast_compute(run_id=999_999) == []
 
 
 def test_it_updates_a_deadline_flag_when_its_odds_cross_a_band(project):
     run = make_run(project)
     now = timezone.now()
     for p in (0.8, 0.78, 0.6, 0.3):
-        cond = services.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})
-        services.flags_sync(run=run, conditions=[cond], kinds=("deadline",), now=now)
+        cond = conditions.Condition("deadline", f"{p:.0%} likely", 1 - p, None, {"p_on_time": p})
+        flags.flags_sync(run=run, conditions=[cond], kinds=("deadline",), now=now)
     rows = Flag.objects.filter(run=run).order_by("id")
     assert [(f.state, f.data["p_on_time"]) for f in rows] == [
         ("raised", 0.8),
@@ -313,11 +313,11 @@ def test_it_keeps_a_deadline_flag_open_while_no_eta_can_be_made(project):
     assert selectors.flags_open(run=run)["deadline"].state == "raised"
     # The plan is gone (the job restarted without its total): no ETA can be made.
     Run.objects.filter(pk=run.pk).update(total_steps=None)
-    services.forecast_compute(run_id=run.pk, now=at(later + 10))
+    compute.forecast_compute(run_id=run.pk, now=at(later + 10))
     assert "deadline" in selectors.flags_open(run=run)
     # A finished run resolves what it left open, saying why.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=at(later + 15))
-    services.forecast_compute(run_id=run.pk, now=at(later + 20))
+    compute.forecast_compute(run_id=run.pk, now=at(later + 20))
     assert "deadline" not in selectors.flags_open(run=run)
     resolved = Flag.objects.filter(run=run, kind="deadline").latest("id")
     assert resolved.explanation == "deadline resolved: the run finished"
@@ -335,7 +335,7 @@ def test_a_nan_in_a_dead_runs_last_data_is_raised_once(project):
     send(run, steps, loss, seq=1)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(1000))
     for seconds in (1001, 1004, 1014):
-        services.forecast_compute(run_id=run.pk, now=at(seconds))
+        compute.forecast_compute(run_id=run.pk, now=at(seconds))
     states = list(
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
@@ -344,7 +344,7 @@ def test_a_nan_in_a_dead_runs_last_data_is_raised_once(project):
     resume = run.current_segment + 1
     RunSegment.objects.create(run=run, number=resume, session="s2", started_at=at(1500))
     Run.objects.filter(pk=run.pk).update(current_segment=resume, ended_at=at(2000))
-    services.forecast_compute(run_id=run.pk, now=at(2001))
+    compute.forecast_compute(run_id=run.pk, now=at(2001))
     assert Flag.objects.filter(run=run, kind="nan", state="raised").count() == 2
 
 
@@ -352,8 +352,8 @@ def test_rows_written_in_one_instant_count_once_newest_by_id(project):
     run = make_run(project)
     now = timezone.now()
     for onset in (100, 250):
-        cond = services.Condition("rise", "loss rising", 1.0, onset)
-        services.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
+        cond = conditions.Condition("rise", "loss rising", 1.0, onset)
+        flags.flags_sync(run=run, conditions=[cond], kinds=("rise",), now=now)
     open_rows = selectors.open_flags_by_run([run.pk])[run.pk]
     assert [(f.kind, f.state, f.onset_step) for f in open_rows] == [("rise", "updated", 250)]
     assert selectors.flags_open(run=run)["rise"].onset_step == 250
@@ -366,7 +366,7 @@ def test_a_nan_the_job_died_of_is_raised_before_its_flags_close(project):
     loss[-3:] = np.nan  # the loss blew up and the job died seconds later: no forecast saw it
     send(run, steps, loss, seq=1)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(400))
-    services.forecast_compute(run_id=run.pk, now=at(401))
+    compute.forecast_compute(run_id=run.pk, now=at(401))
     rows = list(
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
@@ -382,12 +382,12 @@ def test_a_nan_a_forecast_raised_before_the_crash_is_not_raised_again_by_the_end
     loss = healthy_loss(steps)
     loss[990:] = np.nan
     send(run, steps[:994], loss[:994], seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(994))
+    compute.forecast_compute(run_id=run.pk, now=at(994))
     send(run, steps[994:], loss[994:], seq=2)  # more NaN, then the job dies
     # The sweep finds it dead and closes its flags before the end's forecast looks.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CRASHED, ended_at=at(1000))
-    services.flags_close(run=Run.objects.get(pk=run.pk), reason="the run crashed", now=at(1000))
-    services.forecast_compute(run_id=run.pk, now=at(1001))
+    flags.flags_close(run=Run.objects.get(pk=run.pk), reason="the run crashed", now=at(1000))
+    compute.forecast_compute(run_id=run.pk, now=at(1001))
     rows = list(
         Flag.objects.filter(run=run, kind="nan").order_by("id").values_list("state", flat=True)
     )
@@ -401,7 +401,7 @@ def test_a_slip_that_leaves_the_cutoff_safe_raises_nothing(project):
     run = make_run(project, total=20_000, deadline="far")
     steps = np.arange(2000)
     send(run, steps, healthy_loss(steps), seq=1)
-    services.forecast_compute(run_id=run.pk, now=at(2000))
+    compute.forecast_compute(run_id=run.pk, now=at(2000))
     halve_pace(run)
     assert not Flag.objects.filter(run=run, kind__in=["slip", "deadline"]).exists()
 
@@ -425,8 +425,8 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
             wall_p90=hi, interruptions_seen=0, downtime_s=0.0, lost_steps=0.0, early=early,
         )  # fmt: skip
 
-    def conditions(forecast: EtaForecast) -> tuple[list[services.Condition], float]:
-        return services._deadline_condition(run=run, eta=forecast, last_step=500, now=at(1000))
+    def conditions(forecast: EtaForecast) -> tuple[list[conditions.Condition], float]:
+        return compute._deadline_condition(run=run, eta=forecast, last_step=500, now=at(1000))
 
     # 6,000 s left; a P50 of 5,000 s with this spread is about 73% on time.
     unsure, odds = conditions(eta(5000.0, early=True))

@@ -21,7 +21,8 @@ from runcast.settings import Settings
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from forecasting import gpu_services, tasks
+from forecasting import tasks
+from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink
 from tests.client.fake_nvml import FakeGpu, FakeNvml, FakeProcess
@@ -169,7 +170,7 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     run_page = browser.get(reverse("dashboard:run-summary", args=["hpc", "pretrain-7b"]))
     text = run_page.content.decode()
     assert "measured on its GPUs" in text and "node-3" in text
-    split = gpu_services.run_gpu_hours(run=Run.objects.get(public_id="pretrain-7b"))
+    split = gpu_selectors.run_gpu_hours(run=Run.objects.get(public_id="pretrain-7b"))
     assert split is not None
     hours = split["hours"]
     expected_run = GPUS * SPAN_S * (TRAIN_SM + 0.9) / 100 / 3600

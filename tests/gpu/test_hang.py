@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from forecasting import gpu_services
+from forecasting.gpu import check as gpu_check
 from forecasting.models import Flag
 from tracker import services
 from tracker.gpu import services as store
@@ -61,8 +61,8 @@ def busy_host(project: Project) -> Any:
 def test_busy_gpus_and_a_frozen_step_raise_one_hang(project: Project) -> None:
     run = setup_run(project, steps_until=1200)  # steps every 2 s, then nothing for 40 min
     host = busy_host(project)
-    gpu_services.gpu_check_host(host_id=host.pk, now=T0 + SPAN)
-    gpu_services.gpu_check_host(host_id=host.pk, now=T0 + SPAN)  # the same stretch: no repeat
+    gpu_check.gpu_check_host(host_id=host.pk, now=T0 + SPAN)
+    gpu_check.gpu_check_host(host_id=host.pk, now=T0 + SPAN)  # the same stretch: no repeat
     hangs = Flag.objects.filter(run=run, kind=Flag.Kind.HANG)
     assert hangs.count() == 1
     text = hangs.get().explanation
@@ -72,5 +72,5 @@ def test_busy_gpus_and_a_frozen_step_raise_one_hang(project: Project) -> None:
 def test_a_run_still_stepping_is_no_hang(project: Project) -> None:
     run = setup_run(project, steps_until=SPAN)
     host = busy_host(project)
-    gpu_services.gpu_check_host(host_id=host.pk, now=T0 + SPAN)
+    gpu_check.gpu_check_host(host_id=host.pk, now=T0 + SPAN)
     assert not Flag.objects.filter(run=run, kind=Flag.Kind.HANG).exists()

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from forecasting.compute import forecast_compute
 from forecasting.models import Forecast
-from forecasting.services import forecast_compute
 from tracker import selectors
 from tracker.models import Run
 

@@ -22,7 +22,8 @@ from django.test import Client
 
 from alerts import services
 from alerts.models import Channel, Notification
-from alerts.transports import TransportError, http
+from alerts.transports import TransportError
+from config import outbound as http
 from tests.alerts.fixtures import flag_raise
 from tracker.models import Project, Run
 

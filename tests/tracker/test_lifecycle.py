@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from forecasting import services as forecasting_services
+from forecasting import liveness
 from forecasting.models import Flag
 from tests.tracker.test_ingest_api import batch, create, series
 from tracker.models import Run
@@ -106,7 +106,7 @@ def test_a_stalled_flag_resolves_when_the_run_ends(project, django_capture_on_co
             heartbeat=None,
         )
     later = timezone.now() + timedelta(hours=1)
-    forecasting_services.run_check_liveness(run_id=run.pk, now=later)
+    liveness.run_check_liveness(run_id=run.pk, now=later)
     assert Flag.objects.filter(run=run, kind="stalled").latest("id").state == "raised"
 
     # The job was only cut off; its finish arrives (through the real signal and task path).

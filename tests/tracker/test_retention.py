@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from forecasting import services as forecasting_services
+from forecasting import liveness
 from tests.tracker.test_ingest_api import batch, create, series
 from tracker import retention, selectors, tasks
 from tracker.models import Event, IngestBatch, MetricChunk, Run, RunSegment
@@ -79,7 +79,7 @@ def test_liveness_still_reads_a_run_whose_old_rows_are_gone(api, write_token):
     retention.batches_thin(now=timezone.now())
     assert not IngestBatch.objects.exists()
     # Its chunks have no batch (so no received time) any more: they are left out, not an error.
-    assert forecasting_services.run_check_liveness(run_id=run.pk) == []
+    assert liveness.run_check_liveness(run_id=run.pk) == []
 
 
 def test_the_task_runs_twice_safely(api, write_token):

@@ -1,4 +1,5 @@
-"""The one outbound HTTP seam: every Slack and webhook request goes through post_json.
+"""The one outbound HTTP seam: every Slack and webhook request goes through post_json, and the
+liveness sweep's probe of the web tier through get_status.
 
 Any project member chooses where these requests go, so the seam is a guard against server-side
 request forgery (the rule healthchecks applies to its integrations):
@@ -31,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from alerts import conf
-from alerts.transports.base import TransportError
+from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,16 @@ _CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class TransportError(Exception):
+    """A failed request. permanent=True means retrying cannot help (bad address, revoked
+    webhook): the channel is disabled and the reason shown. Otherwise it is retried."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
 
 
 def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
-    if conf.allow_private_targets():
+    if getattr(settings, "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", False):  # FIXME merge
         return infos
     allowed = [i for i in infos if address_is_public(ipaddress.ip_address(i[4][0]))]
     if not allowed:
@@ -143,10 +153,14 @@ def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
     return allowed
 
 
-def vetted_socket(host: str, port: int, timeout: float) -> socket.socket:
-    """A socket connected to an address of host that passed the check, resolved only here."""
+def vetted_socket(host: str, port: int, timeout: float, *, trusted: bool = False) -> socket.socket:
+    """A socket connected to an address of host that passed the check, resolved only here.
+
+    `trusted`: the operator's own URL from the settings (the web probe), not a member's
+    channel: the address check is skipped, an internal name is what it is for."""
     error: OSError | None = None
-    for family, socktype, proto, _, address in _allowed(_resolve(host, port), host):
+    infos = _resolve(host, port)
+    for family, socktype, proto, _, address in infos if trusted else _allowed(infos, host):
         sock = socket.socket(family, socktype, proto)
         sock.settimeout(timeout)
         try:
@@ -160,22 +174,24 @@ def vetted_socket(host: str, port: int, timeout: float) -> socket.socket:
 
 
 class _VettedHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, timeout: float, trusted: bool = False) -> None:
         super().__init__(host, port, timeout=timeout)
         self.timeout_s = timeout
+        self.trusted = trusted
 
     def connect(self) -> None:
-        self.sock = vetted_socket(self.host, self.port, self.timeout_s)
+        self.sock = vetted_socket(self.host, self.port, self.timeout_s, trusted=self.trusted)
 
 
 class _VettedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, timeout: float, trusted: bool = False) -> None:
         self.tls = ssl.create_default_context()
         super().__init__(host, port, timeout=timeout, context=self.tls)
         self.timeout_s = timeout
+        self.trusted = trusted
 
     def connect(self) -> None:
-        sock = vetted_socket(self.host, self.port, self.timeout_s)
+        sock = vetted_socket(self.host, self.port, self.timeout_s, trusted=self.trusted)
         # SNI and certificate checks against the name, over the socket to the checked address.
         self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
 
@@ -232,5 +248,26 @@ def post_json(
         raise TransportError(f"TLS failed: {e.reason or e}", permanent=False) from e
     except (http.client.HTTPException, OSError) as e:
         raise TransportError(f"connection failed: {e}", permanent=False) from e
+    finally:
+        connection.close()
+
+
+def get_status(
+    url: str, *, host_header: str = "", timeout: float = DEFAULT_TIMEOUT_S
+) -> int | None:
+    """GET an operator-configured URL (from the settings, never user input); its status, or
+    None when it cannot be reached. Redirects are not followed; the body is not read."""
+    try:
+        scheme, host, port, path = _split(url)
+    except TargetRefused:
+        return None  # a file: or other scheme is no web server
+    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
+    connection = connection_class(host, port, timeout=timeout, trusted=True)
+    headers = {"User-Agent": USER_AGENT, **({"Host": host_header} if host_header else {})}
+    try:
+        connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    except (TransportError, http.client.HTTPException, OSError, ValueError):
+        return None  # refused, timed out, not HTTP, a malformed URL
     finally:
         connection.close()

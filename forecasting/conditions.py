@@ -1,0 +1,29 @@
+"""What computations find, as plain data: the flags' writer and the hysteresis share it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class Condition:
+    """A flag-worthy condition found by one computation."""
+
+    kind: str
+    explanation: str
+    severity: float | None = None
+    onset_step: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one computation found before hysteresis (a stored ConditionReading)."""
+
+    at: datetime
+    found: frozenset[str]
+    deadline_p: float | None = None
+    # The progress report (last step) it was computed from: readings of one report are one.
+    input_step: int | None = None

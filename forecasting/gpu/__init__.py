@@ -1,0 +1,1 @@
+"""GPU activity: the check that flags unexplained bursts and hangs, and the host read models."""

@@ -1,0 +1,69 @@
+"""Which runs and processes are on a host, and its GPUs' utilisation per second: the inputs
+the GPU check and the host page share."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from forecasting.estimators import gpu_attribution as gattr
+from tracker.gpu.selectors import Series
+from tracker.models import Host, HostProcess, Run, RunProcess
+
+_UTIL = re.compile(r"^gpu/(\d+)/util$")
+
+
+@dataclass
+class HostRun:
+    run: Run
+    keys: set[tuple[str, int, int]]
+
+
+def per_second(series: Series) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each GPU's utilisation in 1-s bins (NVML's sub-second samples averaged)."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _UTIL.match(key)
+        if match and t.size:
+            seconds = np.floor(t)
+            keys, inverse = np.unique(seconds, return_inverse=True)
+            sums = np.bincount(inverse, weights=v)
+            counts = np.bincount(inverse)
+            out[int(match.group(1))] = (keys, sums / counts)
+    return out
+
+
+def runs_on(host: Host) -> list[HostRun]:
+    """Runs whose registered process identity lives on this host's kernel, newest first."""
+    rows = RunProcess.objects.filter(boot_id=host.boot_id, run__project=host.project)
+    runs: dict[int, HostRun] = {}
+    for rp in rows.select_related("run").order_by("-run__started_at"):
+        entry = runs.setdefault(rp.run_id, HostRun(rp.run, set()))
+        if rp.ns_pid is not None and rp.start_ticks is not None:
+            entry.keys.add((rp.boot_id, rp.ns_pid, rp.start_ticks))
+        launcher = rp.launcher
+        if isinstance(launcher, list) and len(launcher) == 3:
+            entry.keys.add((str(launcher[0]), int(launcher[1]), int(launcher[2])))
+    return list(runs.values())
+
+
+def owners_of(host: Host, runs: list[HostRun]) -> dict[int, tuple[str, str | None, HostProcess]]:
+    """pid -> (owner, run id, process) for every process seen on the host."""
+    own = runs[0]
+    others = {k: r.run.public_id for r in runs[1:] for k in r.keys}
+    out = {}
+    for proc in HostProcess.objects.filter(host=host):
+        sample = gattr.ProcessSample(
+            time=0.0,
+            gpu=0,
+            pid=proc.pid,
+            sm=0.0,
+            key=(host.boot_id, proc.ns_pid, proc.start_ticks),
+            ancestors=tuple(tuple(a) for a in proc.ancestors),  # type: ignore[misc]
+            env_run=proc.env_run_id or None,
+        )
+        owner, rid = gattr.owner_of(sample, own.keys, others, own.run.public_id)
+        out[proc.pid] = (owner, rid, proc)
+    return out
