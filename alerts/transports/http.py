@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from alerts import conf
+from django.conf import settings
+
 from alerts.transports.base import TransportError
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
 
 
 def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
-    if conf.allow_private_targets():
+    if settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS:
         return infos
     allowed = [i for i in infos if address_is_public(ipaddress.ip_address(i[4][0]))]
     if not allowed:
