@@ -18,7 +18,7 @@ from forecasting import selectors
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.eta import EtaForecast
-from forecasting.estimators.stragglers import Straggler, StragglerReport, detect_stragglers
+from forecasting.estimators.straggler_detect import Straggler, StragglerReport, detect_stragglers
 from forecasting.models import Flag, Forecast
 from tracker import rank_timings
 from tracker.models import Run
