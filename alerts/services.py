@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from alerts import conf
 from alerts.kinds import BY_KEY, RULE_KINDS, RuleKind, rule_kind_for
 from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
@@ -82,8 +82,8 @@ def _default_channels_create(*, project: Project) -> list[Channel]:
     Idempotent: a channel with the same kind and target is not created twice.
     """
     wanted = [
-        (Channel.Kind.SLACK, "Slack (default)", conf.slack_webhook_url()),
-        (Channel.Kind.EMAIL, "Email (default)", conf.alert_emails()),
+        (Channel.Kind.SLACK, "Slack (default)", settings.RUNCAST_SLACK_WEBHOOK_URL),
+        (Channel.Kind.EMAIL, "Email (default)", _default_email_targets()),
     ]
     created = []
     for kind, name, target in wanted:
@@ -92,6 +92,12 @@ def _default_channels_create(*, project: Project) -> list[Channel]:
                 Channel.objects.create(project=project, kind=kind, name=name, target=target)
             )
     return created
+
+
+def _default_email_targets() -> str:
+    """RUNCAST_ALERT_EMAIL's comma-separated addresses, one a line as email channels keep them."""
+    raw = settings.RUNCAST_ALERT_EMAIL
+    return "\n".join(a.strip() for a in raw.split(",") if a.strip())
 
 
 def channels_ensure_from_env(*, project: Project) -> list[Channel]:
@@ -499,10 +505,10 @@ def _after_error(n: Notification, e: TransportError, now: datetime) -> float | N
             channel_disable(channel_id=n.channel_id, reason=e.message, now=now)
         logger.warning("channel %s disabled: %s", n.channel_id, e.message)
         return None
-    if n.tries >= conf.max_tries():
+    if n.tries >= settings.RUNCAST_ALERTS_MAX_TRIES:
         _settle(n, S.FAILED, f"gave up after {n.tries} tries: {e.message}")
         return None
-    delay = min(conf.backoff_base_s() * 4 ** (n.tries - 1), MAX_BACKOFF_S)
+    delay = min(settings.RUNCAST_ALERTS_BACKOFF_BASE * 4 ** (n.tries - 1), MAX_BACKOFF_S)
     _settle(
         n,
         S.PENDING,
@@ -546,7 +552,7 @@ def digests_send_due(*, now: datetime | None = None) -> int:
     sent = 0
     for project in Project.objects.order_by("pk"):
         local = now.astimezone(project.tzinfo)
-        if local.hour >= conf.digest_hour() and digest_send(
+        if local.hour >= settings.RUNCAST_ALERTS_DIGEST_HOUR and digest_send(
             project=project, day=local.date(), now=now
         ):
             sent += 1

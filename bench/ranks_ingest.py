@@ -106,7 +106,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from tracker import rank_timings
 from tracker.models import RankTimingChunk, Run
-from forecasting.estimators.stragglers import detect_stragglers
+from forecasting.estimators.straggler_detect import detect_stragglers
 run = Run.objects.get(public_id="ranks-bench")
 out = {"rows": RankTimingChunk.objects.filter(run=run).count(),
        "rank_steps": RankTimingChunk.objects.filter(run=run).aggregate(n=Sum("n"))["n"]}

@@ -6,8 +6,10 @@ Forecasting never shares a queue with alert delivery: a backlog of forecasts mus
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from django.conf import settings
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
@@ -18,9 +20,6 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 QUEUE_FORECASTING = "forecasting"
 QUEUE_ALERTS = "alerts"
 QUEUE_DEFAULT = "default"
-# The liveness sweep's period: its beat entry below, and the server clock that reads a gap
-# between two of its ticks as the server having been down (forecasting.liveness).
-SWEEP_PERIOD_S = 60.0
 
 app.conf.update(
     task_queues=[Queue(QUEUE_DEFAULT), Queue(QUEUE_FORECASTING), Queue(QUEUE_ALERTS)],
@@ -40,50 +39,63 @@ app.conf.update(
     timezone="UTC",
 )
 
-# Every beat entry, with why it exists. `expires` drops a tick that waited longer than its period:
-# the next tick does the same work, so a backlog of stale ticks is pure waste.
-app.conf.beat_schedule = {
-    # The queue is a hint and the database the truth: re-forecast active runs whose debounced task
-    # was lost, and mark runs whose heartbeat stopped as stalled or crashed.
-    "sweep-active-runs": {
-        "task": "forecasting.tasks.sweep_active_runs",
-        # The liveness sweep's clock reads its gaps in this period (forecasting.liveness).
-        "schedule": SWEEP_PERIOD_S,
-        "options": {"expires": SWEEP_PERIOD_S - 5},
-    },
-    # GPU activity of the hosts whose agents reported recently: episodes, attribution and the
-    # gpu_unexplained flags (forecasting.gpu.check).
-    "sweep-gpu-hosts": {
-        "task": "forecasting.tasks.sweep_gpu_hosts",
-        "schedule": 30.0,
-        "options": {"expires": 25.0},
-    },
-    # Alerts' outbox sweep: dispatch flags and run endings whose enqueue was lost, re-enqueue due
-    # delivery retries, and fail sends a dead worker abandoned. Every step is idempotent.
-    "sweep-alerts": {
-        "task": "alerts.tasks.sweep_alerts",
-        "schedule": 60.0,
-        "options": {"expires": 55},
-    },
-    # Retention (docs/deployment.md#retention): thin forecasts older than the full-history window
-    # and drop the flags' old working rows; delete ingest-batch rows past the dedupe window. Hourly
-    # so each pass is small; a pass stops at its time budget and the next one continues.
-    "thin-forecasts": {
-        "task": "forecasting.tasks.forecasts_thin",
-        "schedule": 3600.0,
-        "options": {"expires": 3300},
-    },
-    "thin-ingest-batches": {
-        "task": "tracker.tasks.batches_thin",
-        "schedule": 3600.0,
-        "options": {"expires": 3300},
-    },
-    # The daily digest to project owners. Hourly, because "08:00" is per project timezone; a
-    # Digest row per (project, local day) makes the other 23 ticks no-ops.
-    "send-alert-digests": {
-        "task": "alerts.tasks.send_digests",
-        "schedule": 3600.0,
-        "options": {"expires": 3300},
-    },
-}
+
+def beat_schedule(*, sweep_period_s: float) -> dict[str, dict[str, Any]]:
+    """Every beat entry, with why it exists. `expires` drops a tick that waited longer than its
+    period: the next tick does the same work, so a backlog of stale ticks is pure waste."""
+    return {
+        # The liveness sweep. The queue is a hint and the database the truth: re-forecast active
+        # runs whose debounced task was lost, and mark runs whose heartbeat stopped as stalled or
+        # crashed. Its period is RUNCAST_SWEEP_PERIOD_S, which the sweep also reads to judge the
+        # gaps in its own ticks; `expires` a little under it.
+        "sweep-active-runs": {
+            "task": "forecasting.tasks.sweep_active_runs",
+            "schedule": sweep_period_s,
+            "options": {"expires": max(sweep_period_s - 5.0, sweep_period_s / 2)},
+        },
+        # GPU activity of the hosts whose agents reported recently: episodes, attribution and the
+        # gpu_unexplained flags (forecasting.gpu.check).
+        "sweep-gpu-hosts": {
+            "task": "forecasting.tasks.sweep_gpu_hosts",
+            "schedule": 30.0,
+            "options": {"expires": 25.0},
+        },
+        # Alerts' outbox sweep: dispatch flags and run endings whose enqueue was lost, re-enqueue
+        # due delivery retries, and fail sends a dead worker abandoned. Every step is idempotent.
+        "sweep-alerts": {
+            "task": "alerts.tasks.sweep_alerts",
+            "schedule": 60.0,
+            "options": {"expires": 55},
+        },
+        # Retention (docs/deployment.md#retention): thin forecasts older than the full-history
+        # window and drop the flags' old working rows; delete ingest-batch rows past the dedupe
+        # window. Hourly so each pass is small; a pass stops at its time budget and the next one
+        # continues.
+        "thin-forecasts": {
+            "task": "forecasting.tasks.forecasts_thin",
+            "schedule": 3600.0,
+            "options": {"expires": 3300},
+        },
+        "thin-ingest-batches": {
+            "task": "tracker.tasks.batches_thin",
+            "schedule": 3600.0,
+            "options": {"expires": 3300},
+        },
+        # The daily digest to project owners. Hourly, because "08:00" is per project timezone; a
+        # Digest row per (project, local day) makes the other 23 ticks no-ops.
+        "send-alert-digests": {
+            "task": "alerts.tasks.send_digests",
+            "schedule": 3600.0,
+            "options": {"expires": 3300},
+        },
+    }
+
+
+@app.on_after_configure.connect
+def _install_beat_schedule(sender: Celery, **kwargs: Any) -> None:
+    # When Celery first reads its configuration, not at import: config/__init__ imports this
+    # module while a settings module that imports config.settings may still be loading.
+    sender.conf.beat_schedule = beat_schedule(sweep_period_s=settings.RUNCAST_SWEEP_PERIOD_S)
+
+
 app.autodiscover_tasks()

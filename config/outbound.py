@@ -139,7 +139,7 @@ def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
 
 
 def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
-    if getattr(settings, "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", False):  # FIXME merge
+    if settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS:
         return infos
     allowed = [i for i in infos if address_is_public(ipaddress.ip_address(i[4][0]))]
     if not allowed:

@@ -40,7 +40,7 @@ class ContentSecurityPolicyMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.policy: str = getattr(settings, "CONTENT_SECURITY_POLICY", "")
+        self.policy: str = settings.CONTENT_SECURITY_POLICY
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)

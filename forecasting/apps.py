@@ -12,7 +12,7 @@ class ForecastingConfig(AppConfig):
         # Subscribe to tracker's write-path signals (tracker never imports forecasting).
         from forecasting import receivers  # noqa: F401
 
-        if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+        if settings.CELERY_TASK_ALWAYS_EAGER:
             # Tasks run inside this process (the test settings): load their stack now, as a
             # worker does before forking, not inside the first request that enqueues one.
             from forecasting import compute, liveness  # noqa: F401

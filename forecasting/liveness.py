@@ -1,8 +1,9 @@
 """Liveness: the server's own clock (was it listening?) and each silent run's verdict.
 
 A run's silence counts only while the server was listening: the sweep ticks a clock
-(ServerClock) every SWEEP_PERIOD_S (config/celery.py), and only while the web tier that clients
-reach answers its probe; a gap between ticks is the server's outage, not the runs'.
+(ServerClock) every RUNCAST_SWEEP_PERIOD_S (its beat entry in config/celery.py), and only while
+the web tier that clients reach answers its probe; a gap between ticks is the server's outage,
+not the runs'.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from config import outbound
-from config.celery import SWEEP_PERIOD_S
 from forecasting.compute import final_events
 from forecasting.conditions import Condition
 from forecasting.estimators.stalled import detect_stall
@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 SERVER_GAP_PERIODS = 1.5  # one missed tick is a gap: a late tick is not
 
 
-def server_tick(*, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S) -> datetime:
+def server_tick(*, now: datetime | None = None, period_s: float | None = None) -> datetime:
     """Record that the server is listening; return since when it has been without a gap."""
     now = now or timezone.now()
+    period_s = settings.RUNCAST_SWEEP_PERIOD_S if period_s is None else period_s
     with transaction.atomic():
         clock, _ = ServerClock.objects.select_for_update().get_or_create(pk=1)
         gap = None if clock.last_tick_at is None else (now - clock.last_tick_at).total_seconds()
@@ -67,7 +68,7 @@ def web_answers(*, url: str, timeout_s: float = WEB_PROBE_TIMEOUT_S) -> bool:
 
 
 def server_listening(
-    *, probe_url: str, now: datetime | None = None, period_s: float = SWEEP_PERIOD_S
+    *, probe_url: str, now: datetime | None = None, period_s: float | None = None
 ) -> bool:
     """The liveness sweep's first step: may the runs' silence be judged now?
 

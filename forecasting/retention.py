@@ -50,9 +50,9 @@ class ForecastThinResult:
 
 def windows() -> tuple[timedelta, float, timedelta]:
     """(full history, thinned interval in seconds, readings kept), from the settings."""
-    full = timedelta(days=float(getattr(settings, "RUNCAST_FORECAST_FULL_DAYS", 7)))
-    every = float(getattr(settings, "RUNCAST_FORECAST_THIN_INTERVAL_S", 3600))
-    hours = float(getattr(settings, "RUNCAST_CONDITIONS_KEEP_HOURS", 24))
+    full = timedelta(days=settings.RUNCAST_FORECAST_FULL_DAYS)
+    every = settings.RUNCAST_FORECAST_THIN_INTERVAL_S
+    hours = settings.RUNCAST_CONDITIONS_KEEP_HOURS
     return max(full, MIN_FULL), max(every, 60.0), max(timedelta(hours=hours), MIN_CONDITIONS)
 
 

@@ -20,7 +20,7 @@ from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.eta import EtaForecast
-from forecasting.estimators.stragglers import Straggler, StragglerReport, detect_stragglers
+from forecasting.estimators.straggler_detect import Straggler, StragglerReport, detect_stragglers
 from forecasting.models import Flag, Forecast
 from forecasting.store import forecast_store
 from tracker import rank_timings

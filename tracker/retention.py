@@ -40,8 +40,7 @@ class ThinResult:
 
 
 def batch_keep_window() -> timedelta:
-    days = float(getattr(settings, "RUNCAST_BATCH_KEEP_DAYS", 7))
-    return max(MIN_KEEP, timedelta(days=days))
+    return max(MIN_KEEP, timedelta(days=settings.RUNCAST_BATCH_KEEP_DAYS))
 
 
 def batches_thin(*, now: datetime, budget_s: float = 40.0) -> ThinResult:

@@ -7,7 +7,6 @@ import smtplib
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 
-from alerts import conf
 from alerts.messages import Message
 from alerts.transports.base import Transport, TransportError
 
@@ -36,7 +35,7 @@ def send_email(
     """Send one multipart email; raise TransportError. Also used by the daily digest."""
     if not to:
         raise TransportError("no email address configured", permanent=True)
-    connection = get_connection(timeout=conf.smtp_timeout_s())
+    connection = get_connection(timeout=settings.RUNCAST_ALERTS_SMTP_TIMEOUT)
     mail = EmailMultiAlternatives(
         subject=subject,
         body=text,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts import conf
+from django.conf import settings
+
 from alerts.messages import Message
 from alerts.transports.base import Transport, TransportError
 from config import outbound as http
@@ -71,7 +72,7 @@ def _esc(text: str) -> str:
 
 class SlackTransport(Transport):
     def notify(self, message: Message) -> None:
-        timeout = conf.http_timeout_s()
+        timeout = settings.RUNCAST_ALERTS_HTTP_TIMEOUT
         response = http.post_json(self.channel.target, blocks(message), timeout=timeout)
         if 200 <= response.status < 300:
             return

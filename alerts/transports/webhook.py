@@ -12,7 +12,8 @@ import hashlib
 import hmac
 import time
 
-from alerts import conf
+from django.conf import settings
+
 from alerts.messages import Message
 from alerts.transports.base import Transport, TransportError
 from config import outbound as http
@@ -46,7 +47,9 @@ class WebhookTransport(Transport):
         }
         if message.payload.get("id"):
             headers["X-Runcast-Delivery"] = str(message.payload["id"])
-        response = http.post_json(self.channel.target, body, headers, timeout=conf.http_timeout_s())
+        response = http.post_json(
+            self.channel.target, body, headers, timeout=settings.RUNCAST_ALERTS_HTTP_TIMEOUT
+        )
         if 200 <= response.status < 300:
             return
         # The status only: the body is the receiver's (or, for a hostile URL, someone else's)

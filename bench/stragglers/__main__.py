@@ -34,7 +34,7 @@ from bench.stragglers.score import (
     score,
 )
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.stragglers import detect_stragglers
+from forecasting.estimators.straggler_detect import detect_stragglers
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ranks"
 SLOWDOWNS = (1.02, 1.05, 1.10, 1.20)

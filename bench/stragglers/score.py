@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.stragglers import scan
+from forecasting.estimators.straggler_detect import scan
 
 # NVIDIA resiliency-ext: scores over a report interval of several steps; a rank is a straggler
 # when its score falls below the threshold (0.7 by default for both scores in its PTL callback).

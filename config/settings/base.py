@@ -212,6 +212,25 @@ EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="runcast@localhost")
 
+# --- Alerts (docs/alerts.md "Configuration").
+# Defaults for a project's first rules: a "Slack (default)" channel posting to this webhook, and
+# an "Email (default)" channel to these addresses (comma-separated).
+RUNCAST_SLACK_WEBHOOK_URL = env.str("RUNCAST_SLACK_WEBHOOK_URL", default="")
+RUNCAST_ALERT_EMAIL = env.str("RUNCAST_ALERT_EMAIL", default="")
+# Seconds for every Slack/webhook socket operation (connect, each read), and for SMTP's connection.
+RUNCAST_ALERTS_HTTP_TIMEOUT = env.float("RUNCAST_ALERTS_HTTP_TIMEOUT", default=10.0)
+RUNCAST_ALERTS_SMTP_TIMEOUT = env.float("RUNCAST_ALERTS_SMTP_TIMEOUT", default=20.0)
+# Delivery attempts before a notification is failed; the first retry waits the base (x4 each time).
+RUNCAST_ALERTS_MAX_TRIES = env.int("RUNCAST_ALERTS_MAX_TRIES", default=5)
+RUNCAST_ALERTS_BACKOFF_BASE = env.float("RUNCAST_ALERTS_BACKOFF_BASE", default=30.0)
+# Local hour (each project's timezone) from which the daily digest goes out.
+RUNCAST_ALERTS_DIGEST_HOUR = env.int("RUNCAST_ALERTS_DIGEST_HOUR", default=8)
+# Let Slack and webhook channels reach loopback, private and link-local addresses, for an
+# on-premise receiver. Off by default: any project member chooses these URLs (SSRF).
+RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = env.bool(
+    "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", default=False
+)
+
 # --- Teams (docs/deployment.md "Projects and people").
 # Staff and superusers create projects in the UI; true lets every logged-in user create one.
 RUNCAST_USERS_CAN_CREATE_PROJECTS = env.bool("RUNCAST_USERS_CAN_CREATE_PROJECTS", default=False)
@@ -237,6 +256,10 @@ LOGGING = {
 # (docs/deployment.md#outages). Empty: no probe (a worker-and-web outage is still seen by the
 # sweep's own ticks). docker-compose and scripts/dev set it.
 RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
+
+# The liveness sweep's period: the `sweep-active-runs` beat entry (config/celery.py) runs this
+# often, and the sweep judges a gap of a few periods in its own ticks as a worker outage.
+RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)
 
 # The forecast debounce marker lives here; production points it at Redis so every web worker
 # shares it (an in-process cache would allow one forecast per worker per interval).

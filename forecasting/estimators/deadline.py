@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.eta import Z90, EtaForecast
 from forecasting.estimators.jsonable import as_json
+
+# The standard normal, from the standard library: pages and the digest call on_time_tone from
+# this module, and importing scipy.stats for one scalar function costs every web worker ~1 s and
+# tens of MB.
+_NORMAL = NormalDist()
 
 # How a chance of making the cutoff reads: ok (on track), warn (at risk), bad (likely late).
 TONE_WORDS = {"ok": "on track", "warn": "at risk", "bad": "likely late"}
@@ -43,7 +49,7 @@ def _p_before(eta: EtaForecast, budget: float) -> float:
     sigma = abs(math.log(max(edge, 1e-9) / eta.wall_p50)) / Z90
     if sigma < 1e-9:
         return 1.0 if x >= 0 else 0.0
-    return _normal_cdf(x / sigma)
+    return _NORMAL.cdf(x / sigma)
 
 
 def deadline_risk(eta: EtaForecast, deadline: float) -> DeadlineRisk:
@@ -68,10 +74,3 @@ def deadline_risk(eta: EtaForecast, deadline: float) -> DeadlineRisk:
         f" or {cut:,.0f} fewer steps"
     )
     return DeadlineRisk(p, deadline, float(speedup), float(cut), text)
-
-
-def _normal_cdf(z: float) -> float:
-    # The standard normal CDF through erfc (what scipy.stats.norm.cdf computes too): pages and
-    # the digest call on_time_tone from this module, and importing scipy.stats for one scalar
-    # function costs every web worker ~1 s and tens of MB.
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))

@@ -12,7 +12,6 @@ its environment names the run.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,20 +174,3 @@ def synthetic_trace(rng: np.random.Generator, gpus: int = 8, seconds: int = 600)
         foreign_pid=foreign,
         truth=truth,
     )
-
-
-def gpu_seconds_by_owner(
-    samples: Sequence[ProcessSample],
-    own: Iterable[ProcessKey] | set[int],
-    other_runs: Mapping[ProcessKey, str] | Mapping[int, str],
-    *,
-    run_id: str | None = None,
-    period_s: float = 1.0,
-) -> dict[str, float]:
-    """GPU-hours by owner (100 SM-percent-seconds = one GPU-second), for the cost line."""
-    totals: dict[str, float] = defaultdict(float)
-    for owner, amount in attribute(
-        samples, own, other_runs, run_id=run_id, period_s=period_s
-    ).totals.items():
-        totals[owner] += amount / 100.0 / 3600.0
-    return dict(totals)

@@ -1,6 +1,17 @@
-"""Every threshold the estimators use, in one place, each with the reason for its value.
+"""Every threshold the estimators and the forecasting services use, in one place, each with the
+reason for its value.
 
-Estimators import from here; nothing else in the codebase hard-codes a threshold.
+Estimators (forecasting/estimators/) import their tuned thresholds from here; the GPU
+estimator's `Settings` takes its defaults from here (GPU section), and so do the server's GPU
+check (forecasting/gpu/check.py), the straggler window (forecasting/stragglers.py), the flags'
+hysteresis (forecasting/hysteresis.py) and the board's risk order (forecasting/board.py). What
+stays inline is the arithmetic of a method (a MAD's 1.4826 to a normal's sd, how many samples a
+statistic needs, a sampling period of alignment jitter, the gaps a sensor skips), a cost cap
+(eta._TREND_MAX_BINS), the defaults of the tools baselines.py imitates, and three operating
+values of the liveness sweep and the task queue beside the code that uses them
+(forecasting/liveness.py: the gap that counts as an outage and how long a silent web probe is
+believed; forecasting/tasks.py: the forecast debounce). The sweep's period is the
+RUNCAST_SWEEP_PERIOD_S setting.
 """
 
 from __future__ import annotations
@@ -272,7 +283,7 @@ DIV_LAYER_LOOKBACK_FRACTION = 0.2  # look for first movers up to 20% of the run 
 DIV_LAYERS_MAX = 5  # a list longer than this does not point anywhere
 # (LOSS section: end)
 
-# --- Stragglers (estimator stragglers.py)
+# --- Stragglers (estimator straggler_detect.py)
 # (STRAGGLER section: begin)
 # A rank's compute is compared with the median rank's at the same step; a row counts only when
 # at least this share of the ranks reported in it (a median of three ranks is not "the job").
@@ -292,6 +303,12 @@ STRAGGLER_NOISE_GROWTH = 1.5
 # means, not of single rows: moving means over these many rows (x sqrt of it) give the long-run
 # scale, the largest of them (ranks on a shared cluster also wander over tens of rows).
 STRAGGLER_BLOCK_ROWS = (8, 16, 32, 64)
+# A block length is measured only where the history holds this many blocks of it; a longer one
+# is extrapolated (STRAGGLER_NOISE_GROWTH_EXP).
+STRAGGLER_MEASURED_BLOCKS = 3
+# The long-run noise is never below this multiple of the row noise: the rows are autocorrelated
+# (above), so a shift that lasts must beat more than the noise of single rows.
+STRAGGLER_LONGRUN_MIN_FACTOR = 1.5
 # A block longer than a third of the history cannot be measured: its noise is extrapolated from
 # the longest measured block's as x (b / b_measured)^this. 0.5 is a random walk (a level that
 # wanders without bound), 0 a noise that no longer grows. The trace's wandering job (job 1)
@@ -362,9 +379,14 @@ STRAGGLER_DEFAULT_ROW_S = 10.0
 STRAGGLER_LEVEL_RATIO = 1.15
 # ... tested by a CUSUM tuned for 1.2x (k = half the log distance between 1.15 and 1.25).
 STRAGGLER_LEVEL_K = 0.04
-# An alarm is current while its CUSUM has not fallen more than half its threshold below its
-# peak over the last this many rows (a recovered rank's CUSUM falls by k per row).
+# An alarm is current while its CUSUM has not fallen more than this share of its threshold below
+# its peak over the last this many rows (a recovered rank's CUSUM falls by k per row; a
+# persistent one keeps climbing).
+STRAGGLER_CURRENT_DROP = 0.5
 STRAGGLER_CURRENT_ROWS = 50
+# A rank in alarm, or this share of the way there on its most sensitive CUSUM, keeps its level:
+# a straggler must not become its own normal.
+STRAGGLER_FREEZE_SHARE = 0.5
 # A host is the straggler when its ranks' mean shows the change and at least this share of its
 # ranks moved (the host mean also moves when one of its ranks is very slow).
 STRAGGLER_HOST_SHARE = 0.6
@@ -375,6 +397,53 @@ STRAGGLER_LAST_SHARE = 0.5
 STRAGGLER_LAST_ROWS = 30
 STRAGGLER_LAST_MIN_RANKS = 4
 # (STRAGGLER section: end)
+
+# --- GPU activity (estimators gpu_activity/: the defaults of its Settings, and the hang rule)
+# (GPU section: begin)
+# Near a phase boundary a sample may belong to either side (timestamps and sampling jitter): it
+# is held against the band of every regime present within +-this many seconds.
+GPU_TOLERANCE_S = 10.0
+# An episode needs this many seconds of evidence (each reading's time to the next; for a burst
+# weighed by how far past the band it lies), and is explained when what is left of it outside
+# the run's event windows has less.
+GPU_MIN_DURATION_S = 8.0
+# Departing samples this far apart still belong to one episode.
+GPU_MERGE_GAP_S = 6.0
+# A sample departs when it lies outside its band by more than max(z * spread, rel * level).
+GPU_Z = 5.0
+GPU_REL = 0.05
+# Floor of the spread, as a fraction of the level: 1-Hz readings quantise.
+GPU_MIN_REL_SPREAD = 0.01
+# The later passes' level is a centred rolling median over this window: long, so a burst or
+# throttle covering less than half of it cannot become the reference.
+GPU_WINDOW_S = 900.0
+# Idle's level is a low quantile: the GPU's idle is its floor, and foreign work only adds to it.
+GPU_IDLE_QUANTILE = 0.2
+# The first seconds of training (compilation, autotuning, the data pipeline filling) and
+# of a resumed run are the run's own, whatever they look like: until the readings settle
+# at the regime's level (learnt per run, _warmups), at most this long.
+GPU_WARMUP_S = 30.0
+# Passes of learning the levels without what the previous pass found (stops when stable);
+# more than two measured no better on the dev set (F1 0.78 with four).
+GPU_PASSES = 2
+# Share of a regime a second level must hold to be taken as its usual one when nearer the
+# reference (nearest_level): 10%, 30 s of a 5-min run; 20% left an untouched 13% start of a
+# run unused.
+GPU_LEVEL_SHARE = 0.1
+# An up-episode longer than this is a plateau, not a burst.
+GPU_PLATEAU_S = 600.0
+# Step-time change points: relative shift in the median step time that splits a regime.
+GPU_STEP_CHANGE_REL = 0.15
+GPU_STEP_CHANGE_WINDOW = 8
+# `hang`: GPUs busy while neither the step counter nor any event has moved for this many usual
+# step (or eval) durations, and at least this long (the BLOOM-176B eval deadlock) ...
+GPU_HANG_FACTOR = 20.0
+GPU_HANG_MIN_S = 300.0
+# ... where busy is at least this share of the run's usual training activity ...
+GPU_HANG_BUSY_REL = 0.5
+# ... in at least this share of the readings since the last progress.
+GPU_HANG_BUSY_SHARE = 0.9
+# (GPU section: end)
 
 # --- When the forecasting service raises and updates flags (forecasting/services.py)
 # A deadline flag opens below 90% odds: the deadline-risk estimator reports the speed-up needed

@@ -177,11 +177,9 @@ def sink(_http_server: tuple[ThreadingHTTPServer, HttpSink], settings: Any) -> H
 
 
 @pytest.fixture
-def no_default_slack(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def no_default_slack(settings: Any) -> None:
     settings.RUNCAST_SLACK_WEBHOOK_URL = ""
     settings.RUNCAST_ALERT_EMAIL = ""
-    monkeypatch.delenv("RUNCAST_SLACK_WEBHOOK_URL", raising=False)
-    monkeypatch.delenv("RUNCAST_ALERT_EMAIL", raising=False)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from forecasting.estimators.stragglers import (
+from forecasting.estimators.straggler_detect import (
     StragglerReport,
     _level_and_noise,
     detect_stragglers,

@@ -9,7 +9,10 @@ seam): a rebinding name server cannot exist on this machine.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,10 +78,9 @@ def _serve(listener: Listener, family: socket.AddressFamily) -> ThreadingHTTPSer
 
 
 @pytest.fixture
-def guard_on(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def guard_on(settings: Any) -> None:
     """The default: private targets refused (set explicitly: the sink fixture turns it off)."""
     settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = False
-    monkeypatch.delenv("RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", raising=False)
 
 
 @pytest.fixture
@@ -224,16 +226,20 @@ def test_it_reaches_a_loopback_listener_with_the_operator_switch(
     assert [path for path, _ in listener.hits] == ["/ok"]
 
 
-def test_the_switch_also_comes_from_the_environment(
-    settings: Any, monkeypatch: pytest.MonkeyPatch, listener: Listener
-) -> None:
-    if hasattr(settings, "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS"):
-        del settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS
-    monkeypatch.setenv("RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", "0")
-    with pytest.raises(TransportError):
-        http.post_json(listener.url(), {}, timeout=2)
-    monkeypatch.setenv("RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS", "1")
-    assert http.post_json(listener.url(), {}, timeout=2).status == 200
+@pytest.mark.parametrize(("value", "allowed"), [("0", "False"), ("1", "True"), ("", "False")])
+def test_the_switch_also_comes_from_the_environment(value: str, allowed: str) -> None:
+    # Settings are read once, at import, from the environment: a fresh process shows its value.
+    code = "from django.conf import settings; print(settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS)"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS": value,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == allowed
 
 
 def test_it_does_not_follow_a_redirect(on_premise: None, listener: Listener) -> None:

@@ -1,21 +1,6 @@
-"""GPU activity that the run's own events do not explain, and the hard `hang` rule.
+"""GPU activity, episodes: departures from the regimes' levels (levels.py), grouped into episodes
+and judged explained or not by the run's own events (docs/gpu.md has the figures).
 
-Input: one activity series (a GPU's utilisation, or a node's power as a proxy) sampled at ~1 Hz,
-and the run's own events on the same clock. Method (docs/gpu.md has the figures):
-
-1. **Phases and regimes.** Every sample gets the phase the run was in (init, train, eval,
-   checkpoint, idle ...) from the logged phase intervals. A phase's level changes for a reason
-   the run logs: an architecture change (neurons grown or pruned), a resume, a step-time change.
-   Those split the phase into regimes, each learning its own level. A phase shorter than two
-   sampling periods cannot show and keeps the phase before it.
-2. **Normal activity per regime.** First pass: the regime's mode or, where other levels hold
-   a fair share of it, the level nearest a reference (the peers' ratio 1; the phase's level over
-   all its regimes); a lone series' training, with no reference, takes the level it settles at
-   first (training starts clean; foreign work comes and goes). Later passes: a centred
-   rolling median of the samples no earlier pass found departing. Spread: the noise of
-   neighbouring samples (MAD of first differences). Idle uses a low quantile: the GPU's idle is
-   its floor, and foreign work only ever adds to it. Noise comes from a regime's interior
-   readings (its edges are mid-transition).
 3. **Expected band.** Near a phase boundary a sample may belong to either side (timestamps and
    sampling jitter), so it is held against the band of every regime present within +-tolerance
    (where idle meets the run, the job's setup level too); a reading still moving between two
@@ -33,345 +18,36 @@ and the run's own events on the same clock. Method (docs/gpu.md has the figures)
    otherwise it is *unexplained*, and `detected_at` is when the evidence was reached (online
    delay). An idle rise to the run's init level that lasts until idle ends is a job's setup
    (explained).
-
-`find_hang`: GPUs busy while neither the step counter nor any event has moved for many usual
-step (and eval) durations, the BLOOM-176B eval deadlock.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from forecasting.estimators.jsonable import as_json
-
-# Phases whose normal level is the floor of the activity (nothing of the run is running).
-IDLE_PHASES = frozenset({"idle", "pre_init", "post_run"})
-# Point events whose effect on activity has no learnable shape: departures near them are the run's.
-POINT_EVENT_KINDS = frozenset(
-    {"checkpoint", "resume", "restart", "arch_change", "lr_change", "custom", "step_change"}
+from forecasting.estimators.gpu_activity.levels import (
+    interior,
+    nearest_level,
+    noise,
+    regime_keys,
+    regime_levels,
+    resolved_labels,
+    rolling_level,
+    sampling_period,
+    step_change_marks,
 )
-
-
-@dataclass(frozen=True)
-class Phase:
-    start: float
-    end: float
-    kind: str  # "init", "train", "eval", "checkpoint", ...; gaps between phases are "idle"
-
-
-@dataclass(frozen=True)
-class Mark:
-    time: float
-    kind: str  # one of POINT_EVENT_KINDS (others are accepted and treated alike)
-    # A checkpoint logged when it finished covers its writing time before `time`.
-    before_s: float = 0.0
-    # Its own margin either side, where its time is known to the sample (a warm-up measured on
-    # the readings); None: the event window of point events.
-    margin_s: float | None = None
-    # Where its window ends otherwise: before `time + after_s` (exclusive; None: margin_s past
-    # `time`, inclusive). A warm-up ends at a reading of its own, the first at the level.
-    after_s: float | None = None
-
-
-@dataclass
-class RunEvents:
-    phases: list[Phase] = field(default_factory=list)
-    marks: list[Mark] = field(default_factory=list)
-    # Step timings: when each step completed and its number (or step durations' end times).
-    step_times: np.ndarray = field(default_factory=lambda: np.empty(0))
-    steps: np.ndarray = field(default_factory=lambda: np.empty(0))
-
-
-@dataclass(frozen=True)
-class Settings:
-    tolerance_s: float = 10.0
-    # Window around point events (checkpoint, eval logged as an instant ...); None: tolerance_s.
-    event_window_s: float | None = None
-    min_duration_s: float = 8.0
-    # Departing samples this far apart still belong to one episode.
-    merge_gap_s: float = 6.0
-    z: float = 5.0
-    rel: float = 0.05
-    # Floor of the spread, as a fraction of the level: 1-Hz readings quantise.
-    min_rel_spread: float = 0.01
-    window_s: float = 900.0
-    idle_quantile: float = 0.2
-    # The first seconds of training (compilation, autotuning, the data pipeline filling) and
-    # of a resumed run are the run's own, whatever they look like: until the readings settle
-    # at the regime's level (learnt per run, _warmups), at most this long.
-    warmup_s: float = 30.0
-    # Passes of learning the levels without what the previous pass found (stops when stable);
-    # more than two measured no better on the dev set (F1 0.78 with four).
-    passes: int = 2
-    # Share of a regime a second level must hold to be taken as its usual one when nearer the
-    # reference (nearest_level): 10%, 30 s of a 5-min run; 20% left an untouched 13% start of a
-    # run unused.
-    level_share: float = 0.1
-    # An up-episode longer than this is a plateau, not a burst.
-    plateau_s: float = 600.0
-    # Step-time change points: relative shift in the median step time that splits a regime.
-    step_change_rel: float = 0.15
-    step_change_window: int = 8
-    hang_factor: float = 20.0
-    hang_min_s: float = 300.0
-    busy_rel: float = 0.5
-
-
-DEFAULT = Settings()
-
-
-@dataclass
-class Episode:
-    start: float
-    end: float
-    kind: str  # "burst" | "plateau" | "drop" | "hang"
-    phase: str
-    explained: bool
-    reason: str
-    detected_at: float
-    expected: float
-    observed: float  # median over the episode
-    delta_rel: float  # (observed - expected) / expected
-    peak: float
-    samples: int
-
-    @property
-    def duration_s(self) -> float:
-        return self.end - self.start
-
-    def to_dict(self) -> dict:
-        return as_json(self)
-
-
-# -- phases, marks, regimes ----------------------------------------------------------------
-
-
-def phase_labels(times: np.ndarray, phases: Sequence[Phase]) -> np.ndarray:
-    """The phase kind of every sample; later phases win where logged intervals overlap."""
-    labels = np.full(times.shape, "idle", dtype=object)
-    for phase in sorted(phases, key=lambda p: (p.start, _rank(p.kind))):
-        labels[(times >= phase.start) & (times < phase.end)] = phase.kind
-    return labels
-
-
-def resolved_labels(times: np.ndarray, phases: Sequence[Phase], period: float) -> np.ndarray:
-    """Phase labels, with phases too short for the series to show given the phase before them.
-
-    A 1-s eval read every 2 s is one sample or none. As a regime of its own it learns a level
-    from a handful of samples minutes apart, which a long burst or throttle then sets, and its
-    band (+-tolerance around every eval) covers the whole of training; dropped, the gap it
-    leaves between two blocks would read as idle. Its samples show the phase around it.
-    """
-    short = [p for p in phases if p.end - p.start < 2.0 * period]
-    labels = phase_labels(times, [p for p in phases if p not in short])
-    for p in short:
-        inside = np.flatnonzero((times >= p.start) & (times < p.end))
-        if inside.size and inside[0] > 0:
-            labels[inside] = labels[inside[0] - 1]
-    return labels
-
-
-def _rank(kind: str) -> int:
-    # Nested phases: an eval inside a training block is an eval.
-    return {"train": 1, "init": 1}.get(kind, 2)
-
-
-def step_change_marks(
-    step_times: np.ndarray, steps: np.ndarray, settings: Settings = DEFAULT
-) -> list[Mark]:
-    """Times where the median step duration shifts by step_change_rel and stays shifted."""
-    t, s = np.asarray(step_times, float), np.asarray(steps, float)
-    ok = np.isfinite(t) & np.isfinite(s)
-    t, s = t[ok], s[ok]
-    w = settings.step_change_window
-    if t.size < 2 * w + 2:
-        return []
-    order = np.argsort(t)
-    t, s = t[order], s[order]
-    ds = np.diff(s)
-    keep = ds > 0
-    per_step = np.diff(t)[keep] / ds[keep]
-    at = t[1:][keep]
-    marks: list[Mark] = []
-    i = w
-    while i <= per_step.size - w:
-        if _shift(per_step, i, w) < settings.step_change_rel:
-            i += 1
-            continue
-        # The first window that sees the shift sees it early (a median flips half-way):
-        # the change is where the shift is largest in the next window.
-        last = min(i + w, per_step.size - w)
-        # Means, not medians, to place it: the median's shift is flat over half a window.
-        best = max(range(i, last + 1), key=lambda j: _mean_shift(per_step, j, w))
-        marks.append(Mark(float(at[best - 1]), "step_change"))
-        i = best + 2 * w
-    return marks
-
-
-def _mean_shift(per_step: np.ndarray, i: int, w: int) -> float:
-    return abs(float(per_step[i : i + w].mean()) - float(per_step[i - w : i].mean()))
-
-
-def _shift(per_step: np.ndarray, i: int, w: int) -> float:
-    before = float(np.median(per_step[i - w : i]))
-    after = float(np.median(per_step[i : i + w]))
-    return abs(after - before) / before if before > 0 else 0.0
-
-
-def _regime_keys(times: np.ndarray, labels: np.ndarray, marks: Iterable[Mark]) -> np.ndarray:
-    """Phase kind plus how many level-changing marks came before: each its own level."""
-    cuts = np.sort(
-        [m.time for m in marks if m.kind in ("arch_change", "resume", "restart", "step_change")]
-    )
-    regime = np.searchsorted(cuts, times, side="right")
-    # Idle is the node's floor, not the run's: one regime however the run's work changed, so
-    # the idle before a run's init and after its end share a floor.
-    regime = np.where(np.isin(labels, list(IDLE_PHASES)), 0, regime)
-    return np.array([f"{lab}#{r}" for lab, r in zip(labels, regime, strict=False)], dtype=object)
-
-
-# -- the level per regime -------------------------------------------------------------------
-
-
-def _rolling(values: np.ndarray, window: int, quantile: float) -> np.ndarray:
-    """Centred rolling quantile of the regime's samples, NaN (samples found departing) left out.
-
-    Centred, over a long window (on a short run: the whole regime): the level is what the
-    regime does most of the time, so a burst or throttle covering less than half the window
-    cannot become the reference. (A trailing level let a throttle covering most of a short run
-    set it, and the untouched start then looked like a burst.) The checks re-run on a sliding
-    window, so the level of the samples near its end is known from the samples before them.
-    """
-    series = pd.Series(values)
-    roll = series.rolling(window, min_periods=1, center=True)
-    out = np.array(roll.median() if quantile == 0.5 else roll.quantile(quantile), dtype=float)
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return np.full(values.shape, np.nan)
-    whole = float(np.median(finite) if quantile == 0.5 else np.quantile(finite, quantile))
-    return np.array(pd.Series(out).ffill().bfill().fillna(whole), dtype=float)
-
-
-def regime_levels(
-    times: np.ndarray,
-    values: np.ndarray,
-    keys: np.ndarray,
-    settings: Settings = DEFAULT,
-    mask: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict[str, float]]:
-    """Each sample's regime level, and the spread of each regime (masked samples left out)."""
-    dt = _period(times)
-    window = max(3, round(settings.window_s / dt) | 1)
-    level = np.empty(values.shape, float)
-    spread: dict[str, float] = {}
-    learn = values if mask is None else np.where(mask, np.nan, values)
-    # A regime too short for its own noise (a few samples per eval) takes the series' noise.
-    pooled = noise(learn, times, dt)
-    pooled = 0.0 if not np.isfinite(pooled) else pooled
-    labels = np.array([k.split("#")[0] for k in keys], dtype=object)
-    for key in np.unique(keys):
-        idx = np.flatnonzero(keys == key)
-        q = settings.idle_quantile if key.split("#")[0] in IDLE_PHASES else 0.5
-        own_learn = learn[idx] if np.isfinite(learn[idx]).any() else values[idx]
-        if mask is None and q == 0.5:
-            # A regime the run split off (a step-time change) is shorter than its phase, and
-            # a throttle may be most of it: of its levels, the one nearest the phase's usual
-            # level across all its regimes (a real change of level is the regime's only one).
-            same = values[labels == key.split("#")[0]]
-            split = np.unique(keys[labels == labels[idx[0]]]).size > 1
-            phase_mode = half_sample_mode(same)
-            reference = phase_mode if split else float("nan")
-            band = max(settings.z * pooled, settings.rel * abs(phase_mode))
-            if split or labels[idx[0]] != "train":
-                usual = nearest_level(own_learn, band, reference, settings.level_share)
-            else:
-                # Training starts clean: foreign work and throttles come and go during a run,
-                # and a lone series (no peers to hold it against) that holds two levels, each
-                # for a fair share, is at its usual one where it first settled. The mode took
-                # a throttle over 60% of a 4-min run as the level and the untouched training
-                # before it as foreign work.
-                usual = earliest_level(own_learn, band, settings.level_share)
-            lv = np.full(idx.size, usual)
-        else:
-            lv = _rolling(own_learn, window, q)
-        level[idx] = lv
-        inner = _interior(idx)
-        own = noise(learn[inner], times[inner], dt)
-        sigma = own if np.isfinite(own) else pooled
-        spread[key] = max(sigma, settings.min_rel_spread * abs(float(np.median(lv))))
-    return level, spread
-
-
-def _interior(idx: np.ndarray) -> np.ndarray:
-    """A regime's samples less the first and last of each contiguous piece.
-
-    An edge reading is taken mid-transition (the power falling into an eval): one of the
-    three differences of a four-reading eval, enough to double its noise and hide a burst
-    of +11% in it. Where too few are left for a noise (< 3 pairs) the series' noise is used.
-    """
-    if idx.size == 0:
-        return idx
-    step = np.diff(idx) != 1
-    first = np.concatenate(([True], step))
-    last = np.concatenate((step, [True]))
-    return idx[~first & ~last]
-
-
-def half_sample_mode(values: np.ndarray) -> float:
-    """The densest point of the values (Bickel's half-sample mode); NaN left out.
-
-    The first pass's level: a regime's samples are its usual level plus whatever departs from
-    it (the run's own short dips, a burst, a throttle). The median lands between the clusters
-    when they are large together (a 125-s throttle and the 1-s eval dips of a 280-s BERT run
-    put it 11% under the usual level); the mode stays on the largest cluster.
-    """
-    x = np.sort(values[np.isfinite(values)])
-    if x.size == 0:
-        return float("nan")
-    while x.size > 3:
-        half = (x.size + 1) // 2
-        widths = x[half - 1 :] - x[: x.size - half + 1]
-        start = int(np.argmin(widths))
-        x = x[start : start + half]
-    if x.size == 3:
-        # The closer pair of the three.
-        x = x[:2] if x[1] - x[0] < x[2] - x[1] else (x[1:] if x[1] - x[0] > x[2] - x[1] else x)
-    return float(np.mean(x))
-
-
-def noise(values: np.ndarray, times: np.ndarray | None = None, dt: float | None = None) -> float:
-    """Sample-to-sample noise: 1.4826 x MAD of first differences / sqrt 2.
-
-    Differences, not residuals from the level: a burst or throttle covering half the data
-    inflates the residuals' MAD (and hides itself), but moves only the two differences at its
-    edges. With `times`, only differences of neighbours (<= 1.5 periods apart) count: a regime's
-    samples come in pieces (one per eval), and the step from one eval's last sample to the
-    next one's first is the run's drift over minutes, not noise. NaN when under 3 such pairs.
-    """
-    ok = np.isfinite(values)
-    finite = values[ok]
-    if finite.size < 3:
-        return 0.0 if times is None else float("nan")
-    d = np.diff(finite)
-    if times is not None:
-        gap = np.diff(times[ok])
-        d = d[gap <= 1.5 * (dt or _period(times))]
-        if d.size < 3:
-            return float("nan")
-    return float(np.median(np.abs(d - np.median(d)))) * 1.4826 / np.sqrt(2.0)
-
-
-def _period(times: np.ndarray) -> float:
-    gaps = np.diff(times)
-    gaps = gaps[gaps > 0]
-    return float(np.median(gaps)) if gaps.size else 1.0
-
+from forecasting.estimators.gpu_activity.model import (
+    DEFAULT,
+    IDLE_PHASES,
+    Episode,
+    Mark,
+    RunEvents,
+    Settings,
+)
 
 # -- departures -----------------------------------------------------------------------------
 
@@ -406,9 +82,9 @@ def departures(
     departing, so a long burst or throttle does not drag the level after it (which would make
     the return to normal look like an episode of its own).
     """
-    labels = resolved_labels(times, events.phases, _period(times))
+    labels = resolved_labels(times, events.phases, sampling_period(times))
     marks = list(events.marks) + step_change_marks(events.step_times, events.steps, settings)
-    keys = _regime_keys(times, labels, marks)
+    keys = regime_keys(times, labels, marks)
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
     for _ in range(settings.passes):
@@ -461,7 +137,7 @@ def _warmups(
     starts += [m.time for m in events.marks if m.kind in ("resume", "restart")]
     if not starts:
         return []
-    dt = _period(times)
+    dt = sampling_period(times)
     level, spread = regime_levels(times, values, keys, settings, mask)
     sigma = np.array([spread[k] for k in keys])
     slack = np.maximum(settings.z * sigma, settings.rel * np.abs(level))
@@ -608,7 +284,7 @@ def _is_setup(
     if not idle[a : b + 1].all() or not np.isfinite(high):
         return False
     # Foreign work on top of a job's setup lifts part of it above the setup level.
-    if int((v[a : b + 1] > high).sum()) * _period(t) >= min_s:
+    if int((v[a : b + 1] > high).sum()) * sampling_period(t) >= min_s:
         return False
     # A job's setup draws what this run's setup drew (the same node, the same kind of work);
     # a rise that stays below that band is something else on the node.
@@ -637,21 +313,21 @@ def _peer_departure(
     learn = ratio if mask is None else np.where(mask, np.nan, ratio)
     expected = np.empty_like(values)
     slack = np.empty_like(values)
-    dt = _period(times)
+    dt = sampling_period(times)
     window = max(3, round(settings.window_s / dt) | 1)
     pooled = noise(values - filled * float(np.nanmedian(learn)), times, dt)
     pooled = 0.0 if not np.isfinite(pooled) else pooled
     for key in np.unique(keys):
         idx = np.flatnonzero(keys == key)
         own_learn = learn[idx] if np.isfinite(learn[idx]).any() else ratio[idx]
-        inner = _interior(idx)
+        inner = interior(idx)
         if mask is None:
             spread = noise(
                 np.log(np.where(ratio[inner] > 0, ratio[inner], np.nan)), times[inner], dt
             )
             r = np.full(idx.size, _usual_ratio(own_learn, spread, settings))
         else:
-            r = _rolling(own_learn, window, 0.5)
+            r = rolling_level(own_learn, window, 0.5)
         exp = filled[idx] * r
         # The noise of this series against its peers (what the peers do not share).
         mad = noise(
@@ -686,55 +362,6 @@ def _usual_ratio(ratio: np.ndarray, spread: float, settings: Settings) -> float:
         return float("nan")
     band = max(settings.z * (spread if np.isfinite(spread) else noise(x)), settings.rel)
     return float(np.exp(nearest_level(x, band, 0.0, settings.level_share)))
-
-
-def _levels(x: np.ndarray, band: float, share: float) -> list[float]:
-    """The levels x holds for at least `share` of its samples: the mode, then the mode of what
-    lies `band` or more from every level found so far, while that holds its share.
-
-    Not two at most: a throttle over most of a BERT run is the mode, its own eval dips (a
-    reading in every 18 s) the mode of the rest, and the untouched training only the third.
-    """
-    levels = [half_sample_mode(x)]
-    while True:
-        rest = x[np.all(np.abs(x[:, None] - np.array(levels)[None, :]) >= band, axis=1)]
-        if rest.size < share * x.size:
-            return levels
-        level = half_sample_mode(rest)
-        if int((np.abs(rest - level) < band).sum()) < share * x.size:
-            return levels
-        levels.append(level)
-
-
-def nearest_level(x: np.ndarray, band: float, reference: float, share: float) -> float:
-    """Of the levels x holds for a fair share (_levels), the one nearest `reference`.
-
-    One level only, or no reference (NaN): the mode.
-    """
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return float("nan")
-    levels = _levels(x, band, share)
-    if not np.isfinite(reference):
-        return levels[0]
-    # On a tie, the mode.
-    return min(levels, key=lambda level: abs(level - reference))
-
-
-def earliest_level(x: np.ndarray, band: float, share: float) -> float:
-    """Of the levels x (in time order) holds for a fair share (_levels), the one it settles at
-    first: two consecutive readings within `band` of it (a ramp passes through a level on its
-    way, it does not stay)."""
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return float("nan")
-
-    def settles(level: float) -> int:
-        near = np.abs(x - level) < band
-        hit = np.flatnonzero(near[:-1] & near[1:])
-        return int(hit[0]) if hit.size else x.size
-
-    return min(_levels(x, band, share), key=settles)
 
 
 # -- episodes -------------------------------------------------------------------------------
@@ -813,7 +440,7 @@ def _episode(
     b: int,
     settings: Settings,
 ) -> Episode | None:
-    dt = _period(t)
+    dt = sampling_period(t)
     start, end = float(t[a]), float(t[b]) + dt
     seg = slice(a, b + 1)
     departing = d["dev"][seg] != 0
@@ -895,80 +522,3 @@ def _reason(marks: Sequence[Mark], start: float, end: float, tol: float) -> str:
 
     near = [m.kind for m in marks if reaches(m) and m.time - m.before_s - pad(m) <= end]
     return ", ".join(sorted(set(near))) or "phase change"
-
-
-# -- hang -----------------------------------------------------------------------------------
-
-
-def find_hang(
-    times: Sequence[float] | np.ndarray,
-    values: Sequence[float] | np.ndarray,
-    events: RunEvents,
-    *,
-    busy_level: float,
-    now: float | None = None,
-    settings: Settings = DEFAULT,
-) -> Episode | None:
-    """GPUs busy while the run has made no progress for many usual step (or eval) times.
-
-    Progress is a step that advanced or any logged event (an eval that ends is progress).
-    `busy_level` is the run's usual training activity; busy means >= busy_rel of it.
-    """
-    t = np.asarray(times, float)
-    v = np.asarray(values, float)
-    if t.size == 0:
-        return None
-    now = float(t.max()) if now is None else now
-    progress = _progress(events)
-    if progress.size < 3:
-        return None
-    usual = float(np.median(np.diff(progress)[-50:]))
-    evals = [p.end - p.start for p in events.phases if p.kind == "eval"]
-    usual = max(usual, float(np.median(evals)) if evals else 0.0)
-    limit = max(settings.hang_factor * usual, settings.hang_min_s)
-    last = float(progress[progress <= now].max())
-    silent = now - last
-    if silent < limit:
-        return None
-    window = (t > last) & (t <= now)
-    if window.sum() < 3:
-        return None
-    busy = v[window] >= settings.busy_rel * busy_level
-    if busy.mean() < 0.9:
-        return None
-    observed = float(np.median(v[window]))
-    return Episode(
-        start=last,
-        end=now,
-        kind="hang",
-        phase="hang",
-        explained=False,
-        reason=f"no step or event for {silent:.0f} s (usual {usual:.1f} s)",
-        detected_at=last + limit,
-        expected=busy_level,
-        observed=observed,
-        delta_rel=(observed - busy_level) / busy_level if busy_level else 0.0,
-        peak=float(v[window].max()),
-        samples=int(window.sum()),
-    )
-
-
-def _progress(events: RunEvents) -> np.ndarray:
-    t = np.asarray(events.step_times, float)
-    s = np.asarray(events.steps, float)
-    ok = np.isfinite(t) & np.isfinite(s)
-    t, s = t[ok], s[ok]
-    order = np.argsort(t)
-    t, s = t[order], s[order]
-    if s.size:
-        best = np.maximum.accumulate(s)
-        t = t[np.concatenate(([True], best[1:] > best[:-1]))]
-    edges = [p.start for p in events.phases] + [p.end for p in events.phases]
-    edges += [m.time for m in events.marks]
-    return np.unique(np.concatenate((t, np.asarray(edges, float))))
-
-
-def training_level(values: np.ndarray, labels: np.ndarray) -> float:
-    """The run's usual activity while training (the reference for messages and `hang`)."""
-    train = values[labels == "train"]
-    return float(np.median(train)) if train.size else float(np.median(values))

@@ -149,11 +149,11 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
     """
     out = np.empty((len(th.STRAGGLER_BLOCK_ROWS), dev.shape[1]))
     mean_sq = np.full_like(out, np.nan)
-    longrun = point * 1.5
+    longrun = point * th.STRAGGLER_LONGRUN_MIN_FACTOR
     filled = np.where(np.isfinite(dev), dev, 0.0)
     csum = np.concatenate((np.zeros((1, dev.shape[1])), np.cumsum(filled, axis=0)), axis=0)
     for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
-        if dev.shape[0] >= 3 * b:
+        if dev.shape[0] >= th.STRAGGLER_MEASURED_BLOCKS * b:
             # Overlapping means are strongly correlated: every quarter block is as good as all,
             # and a few hundred of them are as good as thousands. The means are over contiguous
             # rows: means of an evenly thinned history would be means over longer spans, and
@@ -212,7 +212,7 @@ def _pooled_noise(
     pool = np.full(longrun.shape[0], np.nan)
     zp = np.log(point)
     okp = np.isfinite(zp)
-    measured = [b for b in th.STRAGGLER_BLOCK_ROWS if rows >= 3 * b]
+    measured = [b for b in th.STRAGGLER_BLOCK_ROWS if rows >= th.STRAGGLER_MEASURED_BLOCKS * b]
     if okp.sum() < 3 or not measured:
         # Too few series (or rows) to tell noise from sampling error: as before.
         pool = np.nanmedian(longrun, axis=1)
@@ -225,7 +225,7 @@ def _pooled_noise(
     tau2 = (1.4826 * float(np.median(np.abs(zp[okp & ~loud_p] - midp)))) ** 2
     keep = max(0.0, tau2 - se_p**2) / tau2 if tau2 > 0 else 0.0
     rel = np.exp(np.where(okp, zp - midp, 0.0))
-    pooled = 1.5 * float(np.exp(midp))
+    pooled = th.STRAGGLER_LONGRUN_MIN_FACTOR * float(np.exp(midp))
     for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
         z = np.log(longrun[i])
         ok = np.isfinite(z)
@@ -512,12 +512,12 @@ def scan(
         above[a:e] = seg_above
         start[a:e] = seg_start
         # A column in alarm, or halfway there on its most sensitive CUSUM, keeps its level.
-        frozen = seg_above[-1] | (s[0] > 0.5 * h_last[0])
+        frozen = seg_above[-1] | (s[0] > th.STRAGGLER_FREEZE_SHARE * h_last[0])
     # The noise in log units at the latest scale (evidence).
     sigma = sigma.max(axis=0) * scale[-1]
     # Current: in alarm and not fallen more than half the threshold below its recent peak (a
     # recovered rank's CUSUM falls by k per row; a persistent one keeps climbing).
-    alive = (s > h_last) & (s >= history.max(axis=1) - 0.5 * h_last)
+    alive = (s > h_last) & (s >= history.max(axis=1) - th.STRAGGLER_CURRENT_DROP * h_last)
     current = above[-1] & alive.any(axis=0)
     # Slow from the start: only the absolute-level test holds it (its own history shows no change).
     by_level = alive[-1] & ~alive[: ks.size].any(axis=0) if level_ratio else np.zeros(m, bool)
