@@ -22,6 +22,7 @@ from tracker.models import (
     Deadline,
     Event,
     IngestBatch,
+    LatestMetric,
     MetricChunk,
     Project,
     RankTimingChunk,
@@ -282,6 +283,52 @@ def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[Se
             )
         )
     MetricChunk.objects.bulk_create(chunks)
+    _latest_metrics_store(run=run, series=series)
+
+
+# Keys per UPDATE of _latest_metrics_store: its CASE takes a dozen parameters per key.
+_LATEST_KEYS_PER_UPDATE = 200
+
+
+def _latest_metrics_store(*, run: Run, series: list[SeriesIn]) -> None:
+    """Move each key's LatestMetric to this batch's latest point unless a stored one has a
+    higher step: the order `MetricChunk` rows define (highest max_step, later chunk on a tie).
+    Insert-or-ignore, then one conditional UPDATE, so a concurrent batch of the same run cannot
+    write an older point over a newer one."""
+    rows: dict[str, LatestMetric] = {}
+    for s in series:
+        if s.steps.size == 0:
+            continue
+        top = s.steps == s.steps.max()
+        j = int(np.flatnonzero(top)[np.argmax(s.times[top])])
+        value = float(s.values[j])
+        row = LatestMetric(
+            run=run,
+            key=s.key,
+            value=None if np.isnan(value) else value,
+            is_nan=bool(np.isnan(value)),
+            step=int(s.steps[j]),
+            timestamp_ms=round(float(s.times[j]) * 1000),
+        )
+        if s.key not in rows or row.step >= rows[s.key].step:
+            rows[s.key] = row
+    LatestMetric.objects.bulk_create(rows.values(), ignore_conflicts=True)
+    keys = list(rows)
+    for i in range(0, len(keys), _LATEST_KEYS_PER_UPDATE):
+        part = [rows[k] for k in keys[i : i + _LATEST_KEYS_PER_UPDATE]]
+        LatestMetric.objects.filter(run=run, key__in=[r.key for r in part]).update(
+            **{f: _latest_case(f, part) for f in ("value", "is_nan", "step", "timestamp_ms")}
+        )
+
+
+def _latest_case(name: str, rows: list[LatestMetric]) -> Case:
+    # Every SET of an UPDATE reads the row as it was, so `step` may be both tested and set.
+    field = LatestMetric._meta.get_field(name)
+    whens = [
+        When(key=r.key, step__lte=r.step, then=Value(getattr(r, name), output_field=field))
+        for r in rows
+    ]
+    return Case(*whens, default=F(name), output_field=field)
 
 
 def _events_store(*, run: Run, batch: IngestBatch, segment: int, events: list[EventIn]) -> None:
