@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Field, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.dispatch import Signal
 from django.http import Http404
@@ -324,6 +324,7 @@ def _latest_metrics_store(*, run: Run, series: list[SeriesIn]) -> None:
 def _latest_case(name: str, rows: list[LatestMetric]) -> Case:
     # Every SET of an UPDATE reads the row as it was, so `step` may be both tested and set.
     field = LatestMetric._meta.get_field(name)
+    assert isinstance(field, Field)
     whens = [
         When(key=r.key, step__lte=r.step, then=Value(getattr(r, name), output_field=field))
         for r in rows

@@ -271,3 +271,18 @@ def test_the_mlflow_search_turns_errors_into_invalid_parameter_value() -> None:
     with pytest.raises(MlflowError) as e:
         search.read("tags.x IS NULL AND", [])
     assert e.value.code == "INVALID_PARAMETER_VALUE"
+
+
+@pytest.mark.django_db
+def test_the_backfill_finds_what_the_write_path_keeps(project: Project, runs: None) -> None:
+    import importlib
+
+    from django.apps import apps
+
+    backfill = importlib.import_module("tracker.migrations.0007_backfill_latest_metrics")
+    fields = ("run_id", "key", "value", "is_nan", "step", "timestamp_ms")
+    kept = sorted(LatestMetric.objects.values_list(*fields))
+    assert len(kept) == 3
+    LatestMetric.objects.all().delete()
+    backfill.backfill(apps, None)
+    assert sorted(LatestMetric.objects.values_list(*fields)) == kept

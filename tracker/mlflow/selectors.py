@@ -107,7 +107,9 @@ def latest_metrics_many(*, run_ids: list[int]) -> dict[int, dict[str, Latest]]:
         )
         for run_id, key, value, is_nan, timestamp_ms, step in rows:
             out[run_id][key] = Latest(
-                value=math.nan if is_nan else value, timestamp_ms=timestamp_ms, step=step
+                value=math.nan if is_nan or value is None else value,
+                timestamp_ms=timestamp_ms,
+                step=step,
             )
     return out
 

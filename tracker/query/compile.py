@@ -152,7 +152,7 @@ def _text(qs: QuerySet[Any], name: str, c: Comparison, names: _Aliases) -> tuple
     if c.op in ("IS NULL", "IS NOT NULL"):
         return qs, ~present if c.op == "IS NULL" else present
     if c.op in ("IN", "NOT IN"):
-        inside = Q(**{f"{name}__in": list(c.value or ())})
+        inside = Q(**{f"{name}__in": list(c.value if isinstance(c.value, tuple) else ())})
         return qs, inside if c.op == "IN" else present & ~inside
     if c.op in ("LIKE", "ILIKE"):
         lookup = "regex" if c.op == "LIKE" else "iregex"
