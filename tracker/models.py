@@ -335,6 +335,30 @@ class MetricChunk(models.Model):
         return f"{self.key} steps {self.min_step}-{self.max_step} ({self.n} points)"
 
 
+class LatestMetric(models.Model):
+    """Each key's latest point of a run: the highest step, and at an equal step the later batch.
+    Kept on the write path (`tracker.services.batch_ingest`) so that searches filter and order on
+    metrics in SQL and a page of runs reads its metrics without unpacking chunks (mlflow's
+    `latest_metrics` table)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="latest_metrics")
+    key = models.CharField(max_length=200)
+    # Null for a NaN, told from a missing key by is_nan: SQLite stores a NaN as NULL anyway.
+    value = models.FloatField(null=True)
+    is_nan = models.BooleanField(default=False)
+    step = models.BigIntegerField()
+    timestamp_ms = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            # Also the index of the per-run, per-key subqueries of tracker.query.
+            models.UniqueConstraint(fields=["run", "key"], name="latest_metric_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} = {self.value} at step {self.step}"
+
+
 class Event(models.Model):
     class Kind(models.TextChoices):
         CHECKPOINT = "checkpoint"

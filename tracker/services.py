@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.dispatch import Signal
@@ -22,6 +22,7 @@ from tracker.models import (
     Deadline,
     Event,
     IngestBatch,
+    LatestMetric,
     MetricChunk,
     Project,
     RankTimingChunk,
@@ -282,6 +283,48 @@ def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[Se
             )
         )
     MetricChunk.objects.bulk_create(chunks)
+    _latest_metrics_store(run=run, series=series)
+
+
+# Keys per statement of _latest_metrics_store (six parameters each).
+_LATEST_KEYS_PER_STATEMENT = 500
+_LATEST_COLUMNS = ("run_id", "key", "value", "is_nan", "step", "timestamp_ms")
+
+
+def _latest_metrics_store(*, run: Run, series: list[SeriesIn]) -> None:
+    """Move each key's LatestMetric to this batch's latest point unless a stored one has a
+    higher step: the order `MetricChunk` rows define (highest max_step, later chunk on a tie)."""
+    rows: dict[str, tuple[Any, ...]] = {}
+    for s in series:
+        if s.steps.size == 0:
+            continue
+        top = s.steps == s.steps.max()
+        j = int(np.flatnonzero(top)[np.argmax(s.times[top])])
+        value, step = float(s.values[j]), int(s.steps[j])
+        nan = bool(np.isnan(value))
+        if s.key not in rows or step >= rows[s.key][4]:
+            stamp = round(float(s.times[j]) * 1000)
+            rows[s.key] = (run.pk, s.key, None if nan else value, nan, step, stamp)
+    keys = list(rows)
+    for i in range(0, len(keys), _LATEST_KEYS_PER_STATEMENT):
+        _latest_upsert([rows[k] for k in keys[i : i + _LATEST_KEYS_PER_STATEMENT]])
+
+
+def _latest_upsert(rows: list[tuple[Any, ...]]) -> None:
+    # One conditional upsert (the same syntax on SQLite and PostgreSQL; the ORM's upsert cannot
+    # say WHERE): a concurrent batch of the same run cannot write an older point over a newer
+    # one, and a batch costs one statement whatever its number of keys.
+    table = LatestMetric._meta.db_table
+    columns = ", ".join(_LATEST_COLUMNS)
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
+    sets = ", ".join(f"{c} = excluded.{c}" for c in _LATEST_COLUMNS[2:])
+    # Names are the model's own constants; every value is a parameter.
+    sql = (
+        f"INSERT INTO {table} ({columns}) VALUES {values} "  # noqa: S608
+        f"ON CONFLICT (run_id, key) DO UPDATE SET {sets} WHERE {table}.step <= excluded.step"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [v for row in rows for v in row])
 
 
 def _events_store(*, run: Run, batch: IngestBatch, segment: int, events: list[EventIn]) -> None:

@@ -253,8 +253,9 @@ def test_a_batch_costs_a_bounded_number_of_queries(api, write_token, django_asse
     create(api, write_token)
     batch(api, write_token, metrics={"loss": series(0, 3)})
     metrics = {f"k{i}": series(3, 100) for i in range(20)}
-    # token, run, savepoint + batch, segment, chunks (one INSERT), run summary, release.
-    with django_assert_max_num_queries(8):
+    # token, run, savepoint + batch, segment, chunks (one INSERT), latest metrics (one upsert),
+    # run summary, release.
+    with django_assert_max_num_queries(9):
         res = batch(api, write_token, seq=2, metrics=metrics)
     assert res.status_code == 200
 

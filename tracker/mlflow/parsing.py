@@ -36,7 +36,6 @@ MAX_RESULTS_SEARCH = 50000
 MAX_METRIC_KEY_LENGTH = min(MAX_ENTITY_KEY_LENGTH, limits.MAX_KEY_LENGTH)
 
 _NAME = re.compile(r"^[/\w.\- :]*$")
-_RUN_ID = re.compile(r"^[a-zA-Z0-9][\w\-]{0,255}$")
 _NON_FINITE = {"nan": math.nan, "infinity": math.inf, "-infinity": -math.inf, "inf": math.inf}
 _NON_FINITE.update({"-inf": -math.inf, "+infinity": math.inf})
 MAX_TIMESTAMP_MS = int(limits.MAX_EPOCH_S * 1000)
@@ -168,11 +167,6 @@ def check_name(name: str, path: str) -> None:
             "Names may be treated as files in certain cases, and must not resolve to other "
             f"names when treated as such. This name would resolve to {norm!r}",
         )
-
-
-def check_run_id(run_id: str) -> None:
-    if not _RUN_ID.match(run_id):
-        raise invalid_value("run_id", run_id)
 
 
 def experiment_name(data: dict[str, Any], field: str) -> str:

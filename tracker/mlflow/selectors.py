@@ -7,13 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from django.db.models import F, Window
-from django.db.models.functions import RowNumber
 
 from tracker import selectors as tracker_selectors
 from tracker.mlflow.models import Experiment, RunLink
-from tracker.models import MetricChunk, Project, Run
-from tracker.series import concat
+from tracker.models import LatestMetric, Project, Run
 
 
 def experiment_find(*, project: Project, public_id: str) -> Experiment | None:
@@ -24,10 +21,6 @@ def experiment_by_name(*, project: Project, name: str) -> Experiment | None:
     return Experiment.objects.filter(project=project, name=name).first()
 
 
-def experiments(*, project: Project) -> list[Experiment]:
-    return list(Experiment.objects.filter(project=project).order_by("created_at", "id"))
-
-
 def run_link(*, project: Project, run_id: str) -> RunLink | None:
     if "\x00" in run_id:
         return None
@@ -35,14 +28,6 @@ def run_link(*, project: Project, run_id: str) -> RunLink | None:
         RunLink.objects.select_related("run", "run__project", "experiment")
         .filter(run__project=project, run__public_id=run_id)
         .first()
-    )
-
-
-def run_links(*, project: Project, experiment_ids: list[str]) -> list[RunLink]:
-    return list(
-        RunLink.objects.select_related("run", "experiment")
-        .filter(run__project=project, experiment__public_id__in=experiment_ids)
-        .order_by("-run__started_at", "run__public_id")
     )
 
 
@@ -113,30 +98,18 @@ _LATEST_BATCH = 500
 
 
 def latest_metrics_many(*, run_ids: list[int]) -> dict[int, dict[str, Latest]]:
-    """`latest_metrics` of many runs in one query per 500 runs, not one per run and key: a
-    search over a thousand runs filtered on a metric would otherwise issue tens of thousands."""
+    """`latest_metrics` of many runs in one query per 500 runs, read from the rows the write
+    path keeps (tracker.models.LatestMetric), not from the chunks."""
     out: dict[int, dict[str, Latest]] = {pk: {} for pk in run_ids}
     for i in range(0, len(run_ids), _LATEST_BATCH):
-        rows = (
-            MetricChunk.objects.filter(run_id__in=run_ids[i : i + _LATEST_BATCH])
-            .annotate(
-                newest=Window(
-                    RowNumber(),
-                    partition_by=[F("run_id"), F("key")],
-                    order_by=[F("max_step").desc(), F("id").desc()],
-                )
-            )
-            .filter(newest=1)
-            .values_list("run_id", "key", "segment", "steps", "values", "times")
+        rows = LatestMetric.objects.filter(run_id__in=run_ids[i : i + _LATEST_BATCH]).values_list(
+            "run_id", "key", "value", "is_nan", "timestamp_ms", "step"
         )
-        for run_id, key, segment, steps, values, times in rows:
-            series = concat([(segment, bytes(steps), bytes(values), bytes(times))])
-            top = series.steps == series.steps.max()
-            j = int(np.flatnonzero(top)[np.argmax(series.times[top])])
+        for run_id, key, value, is_nan, timestamp_ms, step in rows:
             out[run_id][key] = Latest(
-                value=float(series.values[j]),
-                timestamp_ms=round(float(series.times[j]) * 1000),
-                step=int(series.steps[j]),
+                value=math.nan if is_nan or value is None else value,
+                timestamp_ms=timestamp_ms,
+                step=step,
             )
     return out
 

@@ -7,8 +7,6 @@ JSON. Every failure, an unknown or unsupported endpoint included, answers MLflow
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from tracker import query
 from tracker import services as tracker_services
 from tracker.mlflow import parsing, search, selectors, services
 from tracker.mlflow.errors import MlflowError, invalid, not_found, run_not_found
@@ -96,40 +95,18 @@ def experiment_get(call: Call) -> Data:
 def experiment_search(call: Call) -> Data:
     services.experiment_default(project=call.project)
     view = _view_type(call.data.get("view_type"), "view_type")
-    clauses = search.parse_filter(parsing.string(call.data, "filter"), default_entity="attributes")
-    found = []
-    for exp in selectors.experiments(project=call.project):
-        if view != "ALL" and (exp.lifecycle_stage == "active") != (view == "ACTIVE_ONLY"):
-            continue
-        if all(search.matches(c, _experiment_value(exp, c.entity, c.key)) for c in clauses):
-            found.append(exp)
-    order = search.parse_order_by(_order_by(call.data)) or [
-        search.OrderKey("attributes", "creation_time", ascending=False)
-    ]
-    found = _ordered(found, order, _experiment_value, tie=lambda e: e.public_id)
-    limit = _max_results(call.data, default=1000)
-    page, token = _page(found, call.data, limit)
+    wanted = search.read(parsing.string(call.data, "filter"), _order_by(call.data))
+    page, token = search.experiments(
+        project=call.project,
+        view=view,
+        search=wanted,
+        limit=_max_results(call.data, default=1000),
+        page_token=parsing.string(call.data, "page_token"),
+    )
     body: Data = {"experiments": [selectors.experiment_json(e) for e in page]}
     if token:
         body["next_page_token"] = token
     return body
-
-
-def _experiment_value(exp: Experiment, entity: str, key: str) -> Any:
-    if entity == "tags":
-        return exp.tags.get(key)
-    if entity != "attributes":
-        raise invalid(f"Experiments are searched by attributes and tags, not {entity}")
-    fields = {
-        "name": exp.name,
-        "experiment_id": exp.public_id,
-        "creation_time": int(exp.created_at.timestamp() * 1000),
-        "last_update_time": int(exp.updated_at.timestamp() * 1000),
-        "lifecycle_stage": exp.lifecycle_stage,
-    }
-    if key not in fields:
-        raise invalid(f"Invalid attribute key '{key}' specified. Valid keys are {sorted(fields)}")
-    return fields[key]
 
 
 def experiment_update(call: Call) -> Data:
@@ -321,73 +298,20 @@ def metric_history_bulk_interval(call: Call) -> Data:
 def run_search(call: Call) -> Data:
     experiment_ids = parsing.string_list(call.data, "experiment_ids")
     view = _view_type(call.data.get("run_view_type"), "run_view_type")
-    clauses = search.parse_filter(parsing.string(call.data, "filter"))
-    order = [
-        *search.parse_order_by(_order_by(call.data)),
-        search.OrderKey("attributes", "start_time", ascending=False),
-    ]
-    limit = _max_results(call.data, default=1000)
-    links = selectors.run_links(project=call.project, experiment_ids=experiment_ids)
-    wanted = (
-        links
-        if view == "ALL"
-        else [
-            lk
-            for lk in links
-            if (lk.lifecycle_stage == RunLink.Stage.ACTIVE) == (view == "ACTIVE_ONLY")
-        ]
+    wanted = search.read(parsing.string(call.data, "filter"), _order_by(call.data))
+    page, token = search.runs(
+        project=call.project,
+        experiment_ids=experiment_ids,
+        view=view,
+        search=wanted,
+        limit=_max_results(call.data, default=1000),
+        page_token=parsing.string(call.data, "page_token"),
     )
-    # Latest metrics of every candidate only when a filter or the order reads them; otherwise
-    # of the returned page alone (below). Either way one query per 500 runs.
-    reads_metrics = any(c.entity == "metrics" for c in clauses) or any(
-        k.entity == "metrics" for k in order
-    )
-    latest = (
-        selectors.latest_metrics_many(run_ids=[lk.run_id for lk in wanted]) if reads_metrics else {}
-    )
-
-    def value(link: RunLink, entity: str, key: str) -> Any:
-        if entity == "metrics":
-            m = latest[link.run_id].get(key)
-            return None if m is None else m.value
-        return _run_value(link, entity, key)
-
-    found = [
-        lk for lk in wanted if all(search.matches(c, value(lk, c.entity, c.key)) for c in clauses)
-    ]
-    found = _ordered(found, order, value, tie=lambda lk: lk.run.public_id)
-    page, token = _page(found, call.data, limit)
-    if not reads_metrics:
-        latest = selectors.latest_metrics_many(run_ids=[lk.run_id for lk in page])
+    latest = selectors.latest_metrics_many(run_ids=[lk.run_id for lk in page])
     body: Data = {"runs": [selectors.run_json(lk, latest=latest[lk.run_id]) for lk in page]}
     if token:
         body["next_page_token"] = token
     return body
-
-
-_RUN_ATTRIBUTES: dict[str, Callable[[RunLink], Any]] = {
-    "run_id": lambda lk: lk.run.public_id,
-    "run_name": lambda lk: lk.run.name,
-    "status": lambda lk: lk.status,
-    "start_time": lambda lk: int(lk.run.started_at.timestamp() * 1000),
-    "end_time": lambda lk: lk.end_time_ms,
-    "user_id": lambda lk: lk.user_id,
-    "lifecycle_stage": lambda lk: lk.lifecycle_stage,
-    "experiment_id": lambda lk: lk.experiment.public_id,
-}
-
-
-def _run_value(link: RunLink, entity: str, key: str) -> Any:
-    if entity == "params":
-        return link.run.config.get(key)
-    if entity == "tags":
-        return link.tags.get(key)
-    name = {"created": "start_time", "Created": "start_time"}.get(key, key)
-    if name not in _RUN_ATTRIBUTES:
-        raise invalid(
-            f"Invalid attribute key '{key}' specified. Valid keys are {sorted(_RUN_ATTRIBUTES)}"
-        )
-    return _RUN_ATTRIBUTES[name](link)
 
 
 # --- paging, ordering, view types ------------------------------------------------------------
@@ -420,36 +344,16 @@ def _max_results(data: Data, *, default: int) -> int:
     return limit
 
 
-def _ordered(items: list[Any], order: list[search.OrderKey], value: Any, tie: Any) -> list[Any]:
-    # Sorted key by key from the last (Python's sort is stable); missing values go last.
-    out = sorted(items, key=tie)
-    for key in reversed(order):
-        values = [(value(i, key.entity, key.key), i) for i in out]
-        present = [(_sortable(v), i) for v, i in values if v is not None]
-        present.sort(key=lambda pair: pair[0], reverse=not key.ascending)
-        out = [i for _, i in present] + [i for v, i in values if v is None]
-    return out
-
-
-def _sortable(v: Any) -> tuple[int, Any]:
-    return (0, float(v)) if isinstance(v, int | float) else (1, str(v))
-
-
 def _page(items: list[Any], data: Data, limit: int) -> tuple[list[Any], str | None]:
     token = parsing.string(data, "page_token")
-    offset = 0
-    if token:
-        try:
-            offset = int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise parsing.invalid_value(
-                "page_token", token, "not a token this server gave"
-            ) from exc
+    try:
+        offset = query.token_decode(token)
+    except query.QueryError as exc:
+        raise parsing.invalid_value("page_token", token, str(exc)) from exc
     page = items[offset : offset + limit]
     if offset + limit >= len(items):
         return page, None
-    nxt = base64.urlsafe_b64encode(json.dumps({"offset": offset + limit}).encode()).decode()
-    return page, nxt
+    return page, query.token_encode(offset + limit)
 
 
 # --- dispatch --------------------------------------------------------------------------------

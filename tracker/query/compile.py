@@ -1,0 +1,274 @@
+"""Comparisons and orders compiled onto a Django queryset: every filter and sort runs in SQL.
+
+A `Schema` says where a model keeps each entity: attributes by name (a column path and its kind),
+tags and params as JSON objects of key -> value, metrics as the `LatestMetric` rows of a run. The
+same language thus searches MLflow run links, experiments or Runcast runs alike.
+
+Semantics are MLflow's: a missing key never matches a comparison; a NaN metric matches only `!=`;
+text compared with a number matches when the text reads as one; sorting puts a NaN metric after
+every number in both directions and a missing value last, then the caller's tie-break.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import (
+    Case,
+    Exists,
+    Expression,
+    F,
+    FloatField,
+    OrderBy,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
+
+from tracker.models import LatestMetric
+from tracker.query.parse import Comparison, OrderKey, QueryError
+
+
+class Kind(enum.Enum):
+    TEXT = "text"
+    NUMBER = "number"
+    # A datetime column that the language reads as integer epoch milliseconds (floored).
+    MILLIS = "millis"
+
+
+@dataclass(frozen=True)
+class Attribute:
+    path: str
+    kind: Kind = Kind.TEXT
+
+
+@dataclass(frozen=True)
+class Schema:
+    noun: str  # what is searched, for messages: "Runs", "Experiments"
+    attributes: Mapping[str, Attribute]
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    tags: str | None = None  # path of a JSON object of tag -> value
+    params: str | None = None  # path of a JSON object of param -> value
+    metrics: str | None = None  # path of the Run whose LatestMetric rows are the metrics
+    tie: str = "pk"  # the last sort key, unique, so that pages never overlap
+
+
+_COMPARE = {"=": "exact", "<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
+# What Python's float() reads, less inf/nan spellings; text matching it is cast in SQL.
+_NUMERIC_TEXT = r"^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MIN_MS = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
+_MAX_MS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
+
+
+class _Aliases:
+    """Fresh alias names for one compilation (a key may appear in several comparisons)."""
+
+    def __init__(self) -> None:
+        self._n = itertools.count()
+
+    def __call__(self) -> str:
+        return f"_rq{next(self._n)}"
+
+
+def apply(
+    queryset: QuerySet[Any], schema: Schema, comparisons: list[Comparison], order: list[OrderKey]
+) -> QuerySet[Any]:
+    """The queryset narrowed to the rows matching every comparison, sorted by `order` and then
+    by the schema's tie-break. Raises QueryError for an entity, key or operator not allowed."""
+    names = _Aliases()
+    for c in comparisons:
+        queryset, condition = _condition(queryset, schema, c, names)
+        queryset = queryset.filter(condition)
+    sort: list[Expression | str] = []
+    for key in order:
+        queryset, keys = _sort(queryset, schema, key, names)
+        sort += keys
+    return queryset.order_by(*sort, schema.tie)
+
+
+def _entity_path(schema: Schema, entity: str) -> str:
+    path = {"tags": schema.tags, "params": schema.params, "metrics": schema.metrics}.get(entity)
+    if path is None:
+        allowed = ["attributes"] + [e for e in ("params", "tags", "metrics") if _has(schema, e)]
+        said = ", ".join(allowed[:-1]) + " and " + allowed[-1] if len(allowed) > 1 else allowed[0]
+        raise QueryError(f"{schema.noun} are searched by {said}, not {entity}")
+    return path
+
+
+def _has(schema: Schema, entity: str) -> bool:
+    return getattr(schema, entity) is not None
+
+
+def _attribute(schema: Schema, key: str) -> Attribute:
+    name = schema.aliases.get(key, key)
+    if name not in schema.attributes:
+        raise QueryError(
+            f"Invalid attribute key '{key}' specified. Valid keys are {sorted(schema.attributes)}"
+        )
+    return schema.attributes[name]
+
+
+def _condition(
+    qs: QuerySet[Any], schema: Schema, c: Comparison, names: _Aliases
+) -> tuple[QuerySet[Any], Q]:
+    if c.entity == "attributes":
+        attr = _attribute(schema, c.key)
+        if attr.kind is Kind.MILLIS:
+            return qs, _millis(attr.path, c)
+        name = names()
+        qs = qs.alias(**{name: F(attr.path)})
+        if attr.kind is Kind.NUMBER:
+            return qs, _number(name, c)
+        return _text(qs, name, c, names)
+    path = _entity_path(schema, c.entity)
+    if c.entity == "metrics":
+        return _metric(qs, path, c, names)
+    name = names()
+    qs = qs.alias(**{name: _json_text(c.key, path)})
+    return _text(qs, name, c, names)
+
+
+def _json_text(key: str, path: str) -> Cast:
+    # Cast to plain text: a JSON key's own lookups would read the right-hand side as JSON.
+    return Cast(KeyTextTransform(key, path), TextField())
+
+
+def _text(qs: QuerySet[Any], name: str, c: Comparison, names: _Aliases) -> tuple[QuerySet[Any], Q]:
+    present = Q(**{f"{name}__isnull": False})
+    if c.op in ("IS NULL", "IS NOT NULL"):
+        return qs, ~present if c.op == "IS NULL" else present
+    if c.op in ("IN", "NOT IN"):
+        inside = Q(**{f"{name}__in": list(c.value if isinstance(c.value, tuple) else ())})
+        return qs, inside if c.op == "IN" else present & ~inside
+    if c.op in ("LIKE", "ILIKE"):
+        lookup = "regex" if c.op == "LIKE" else "iregex"
+        return qs, Q(**{f"{name}__{lookup}": _like_regex(str(c.value))})
+    if isinstance(c.value, float):
+        # Text compared with a number: as a number where the text reads as one, else no match.
+        number = names()
+        as_number = Case(
+            When(Q(**{f"{name}__regex": _NUMERIC_TEXT}), then=Cast(name, FloatField())),
+            default=Value(None),
+            output_field=FloatField(),
+        )
+        return qs.alias(**{number: as_number}), _number(number, c)
+    if c.op not in ("=", "!="):
+        raise QueryError(f"{c.entity}.{c.key}: strings compare with =, !=, LIKE, ILIKE or IN")
+    equal = Q(**{name: Value(c.value, output_field=TextField())})
+    return qs, equal if c.op == "=" else present & ~equal
+
+
+def _like_regex(pattern: str) -> str:
+    # LIKE's wildcards as a regex, the rest literal; (?s) reads the same in Python (SQLite's
+    # REGEXP) and PostgreSQL: `.` matches a newline too.
+    body = "".join(".*" if ch == "%" else "." if ch == "_" else re.escape(ch) for ch in pattern)
+    return f"(?s)^{body}$"
+
+
+def _number(name: str, c: Comparison) -> Q:
+    if not isinstance(c.value, float):
+        raise QueryError(f"{c.entity}.{c.key} compares with a number, not a string")
+    if c.op not in ("!=", *_COMPARE):
+        raise QueryError(f"{c.entity}.{c.key}: numbers compare with =, !=, <, <=, > or >=")
+    rhs = Value(c.value, output_field=FloatField())
+    if c.op == "!=":
+        return Q(**{f"{name}__isnull": False}) & ~Q(**{name: rhs})
+    return Q(**{f"{name}__{_COMPARE[c.op]}": rhs})
+
+
+def _millis(path: str, c: Comparison) -> Q:
+    """A datetime column read as floored epoch milliseconds, compared through its bounds so that
+    the column's index serves the comparison."""
+    if not isinstance(c.value, float):
+        raise QueryError(f"{c.entity}.{c.key} compares with a number, not a string")
+    # Clamped first: 1e400 reads as infinity, which has no floor.
+    v = min(max(c.value, _MIN_MS - 1.0), _MAX_MS + 1.0)
+    if c.op in ("=", "!="):
+        # floor(ms) = v  <=>  v <= ms < v + 1, for an integer v; no time equals a fraction.
+        same = (
+            Q(**{f"{path}__gte": _at(v), f"{path}__lt": _at(v + 1)})
+            if v == math.floor(v)
+            else Q(pk__in=[])
+        )
+        return same if c.op == "=" else ~same
+    bounds = {
+        "<": ("lt", math.ceil(v)),
+        "<=": ("lt", math.floor(v) + 1),
+        ">": ("gte", math.floor(v) + 1),
+        ">=": ("gte", math.ceil(v)),
+    }
+    if c.op not in bounds:
+        raise QueryError(f"{c.entity}.{c.key}: numbers compare with =, !=, <, <=, > or >=")
+    lookup, ms = bounds[c.op]
+    return Q(**{f"{path}__{lookup}": _at(ms)})
+
+
+def _at(ms: float) -> datetime:
+    # Clamped to the datetimes a column holds: beyond them every comparison still reads right.
+    return _EPOCH + timedelta(milliseconds=int(min(max(ms, _MIN_MS), _MAX_MS)))
+
+
+def _metric_aliases(
+    qs: QuerySet[Any], run_path: str, key: str, names: _Aliases
+) -> tuple[QuerySet[Any], str, str]:
+    rows = LatestMetric.objects.filter(run=OuterRef(run_path), key=key)
+    value, nan = names(), names()
+    qs = qs.alias(
+        **{
+            value: Subquery(rows.values("value")[:1], output_field=FloatField()),
+            nan: Exists(rows.filter(is_nan=True)),
+        }
+    )
+    return qs, value, nan
+
+
+def _metric(
+    qs: QuerySet[Any], run_path: str, c: Comparison, names: _Aliases
+) -> tuple[QuerySet[Any], Q]:
+    qs, value, nan = _metric_aliases(qs, run_path, c.key, names)
+    # A NaN is stored as a null value: it fails every comparison but `!=`, as in IEEE and MLflow.
+    condition = _number(value, c)
+    return qs, condition | Q(**{nan: True}) if c.op == "!=" else condition
+
+
+def _sort(
+    qs: QuerySet[Any], schema: Schema, key: OrderKey, names: _Aliases
+) -> tuple[QuerySet[Any], list[Expression | str]]:
+    if key.entity == "metrics":
+        qs, value, nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key.key, names)
+        rank = names()
+        # MLflow's order: numbers, then NaN, then runs without the metric, in either direction.
+        qs = qs.alias(
+            **{
+                rank: Case(
+                    When(Q(**{nan: True}), then=Value(1)),
+                    When(Q(**{f"{value}__isnull": True}), then=Value(2)),
+                    default=Value(0),
+                )
+            }
+        )
+        return qs, [rank, _direction(value, key.ascending)]
+    if key.entity == "attributes":
+        expression: Any = F(_attribute(schema, key.key).path)
+    else:
+        expression = _json_text(key.key, _entity_path(schema, key.entity))
+    name = names()
+    return qs.alias(**{name: expression}), [_direction(name, key.ascending)]
+
+
+def _direction(name: str, ascending: bool) -> OrderBy:
+    return F(name).asc(nulls_last=True) if ascending else F(name).desc(nulls_last=True)
