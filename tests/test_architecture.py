@@ -138,3 +138,121 @@ def test_estimators_and_the_client_import_nothing_of_django() -> None:
             if name.split(".")[0] == "django" or outside:
                 wrong.append(f"{mod} imports {name}")
     assert wrong == []
+
+
+# -- What issue 21 established: one writer per state table, explicit enqueueing, one settings
+# surface, sub-domains as packages, modules a newcomer can read.
+
+SERVER = ("config", "tracker", "forecasting", "alerts", "dashboard")
+
+
+def _server_sources() -> dict[str, Path]:
+    return {m: p for m, p in MODULES.items() if m.split(".")[0] in SERVER}
+
+
+def _calls(path: Path) -> list[tuple[str, ast.Call]]:
+    """(dotted callee, call) for every call in the file: `Flag.objects.filter(...).update(...)`
+    reads as 'Flag.objects.filter().update'."""
+
+    def dotted(node: ast.AST) -> str:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            return f"{dotted(node.value)}.{node.attr}"
+        if isinstance(node, ast.Call):
+            return f"{dotted(node.func)}()"
+        return "?"
+
+    tree = ast.parse(path.read_text())
+    return [(dotted(n.func), n) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+
+
+FLAG_WRITES = ("create", "bulk_create", "get_or_create", "update_or_create", "delete")
+
+
+def test_flag_rows_are_written_in_one_module_only() -> None:
+    """forecasting.flags is the one writer of the alerts' outbox; the dispatcher's claim (an
+    UPDATE of processed_at, nothing else) is the only other write."""
+    wrong = []
+    for mod, path in _server_sources().items():
+        if mod == "forecasting.flags":
+            continue
+        for callee, call in _calls(path):
+            if not callee.startswith("Flag.objects"):
+                continue
+            method = callee.rsplit(".", 1)[-1]
+            claim = method == "update" and [k.arg for k in call.keywords] == ["processed_at"]
+            if method in FLAG_WRITES or (method == "update" and not claim):
+                wrong.append(f"{mod}: {callee}")
+    assert wrong == []
+    assert any(c.startswith("Flag.objects") for c, _ in _calls(MODULES["forecasting.flags"]))
+
+
+def test_no_work_starts_from_a_model_signal() -> None:
+    """Receivers subscribe to explicit signals sent after commit by a writer; a post_save
+    receiver hides who sends an alert, and a bulk_create would silently send nothing."""
+    model_signals = {"post_save", "pre_save", "post_delete", "pre_delete", "m2m_changed"}
+    wrong = [
+        f"{mod} imports {alias.name}"
+        for mod, path in _server_sources().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name in model_signals
+    ]
+    assert wrong == []
+
+
+def test_only_the_settings_read_the_environment() -> None:
+    """One typed settings surface: nothing else on the server reads os.environ or repeats a
+    default with getattr(settings, ..., default). Setting DJANGO_SETTINGS_MODULE's default
+    before Django starts (wsgi, the Celery app) is bootstrapping, not a setting."""
+    wrong = []
+    for mod, path in _server_sources().items():
+        if mod.startswith("config.settings"):
+            continue
+        for callee, call in _calls(path):
+            bootstrap = (
+                callee == "os.environ.setdefault"
+                and isinstance(call.args[0], ast.Constant)
+                and call.args[0].value == "DJANGO_SETTINGS_MODULE"
+            )
+            if callee.startswith(("os.environ", "os.getenv")) and not bootstrap:
+                wrong.append(f"{mod}: {callee}")
+            first = call.args[0] if call.args else None
+            if callee == "getattr" and isinstance(first, ast.Name) and first.id == "settings":
+                wrong.append(f"{mod}: getattr(settings, ...)")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                wrong.append(f"{mod}: os.environ[...]")
+    assert wrong == []
+
+
+MAX_MODULE_LINES = 800
+
+
+def test_no_production_module_is_over_800_lines() -> None:
+    long = sorted(
+        f"{mod}: {n} lines"
+        for mod, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert long == []
+
+
+def test_sub_domains_are_packages_not_prefixes() -> None:
+    """`gpu_views.py`, `alerts_urls.py`, `settings_services.py` beside their app's own modules
+    were sub-domains wanting a package (dashboard/gpu/, dashboard/alerts/, ...)."""
+    prefixed = sorted(
+        mod
+        for mod in _server_sources()
+        if len(mod.split(".")) == 2
+        and any(
+            mod.split(".")[1].startswith(p)
+            for p in ("gpu_", "alerts_", "settings_", "team_", "rank_")
+        )
+        and mod != "tracker.rank_timings"  # one module, no family
+    )
+    assert prefixed == []
+    assert "forecasting.stragglers" in MODULES
+    assert "forecasting.estimators.stragglers" not in MODULES  # the same name, two jobs
