@@ -4,7 +4,7 @@ replayed on real curves, counted as a lead would count it.
 Every run of a curve set (the shared `curves/` format) is replayed in simulated time through the
 real services: ingestion (`tracker.services.batch_ingest`, batches as the client sends them:
 points every few seconds, a heartbeat every 15 s), one forecast per debounce window of run time
-(`forecasting.services.forecast_compute`), the liveness sweep every minute, the alert dispatcher
+(`forecasting.compute.forecast_compute`), the liveness sweep every minute, the alert dispatcher
 with the default rules and one channel, and the run's finish. Nothing is delivered: a pending
 notification is a message that would be sent.
 

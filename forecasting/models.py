@@ -140,7 +140,7 @@ class ServerClock(models.Model):
 
     A gap between two ticks much longer than their period means the server (or its worker) was
     stopped: a run's silence during that gap is the server's, not the run's. A tick is taken
-    only while the web tier answers (forecasting.services.server_listening).
+    only while the web tier answers (forecasting.liveness.server_listening).
     """
 
     last_tick_at = models.DateTimeField(null=True)

@@ -82,7 +82,7 @@ def eta_history(
 
 def eta_history_rebuilt(*, run: Run) -> int:
     """How many of the run's ETA forecasts were rebuilt from history it logged before its first
-    forecast (forecasting.services._eta_backfill), not made live."""
+    forecast (forecasting.compute._eta_backfill), not made live."""
     # They all precede the first live one: read that many of the oldest, not every forecast of
     # a week-long run (~40k, polled every 15 s) through an unindexed JSON test.
     oldest = (

@@ -45,7 +45,7 @@ ETA_PAUSE_MAX_RECURRING = 3.0
 ETA_PAUSE_WINDOW = 9
 # A run whose first forecast finds this much logged history (an import, a client that spooled
 # through an outage before the server first heard of it, the demo's replay) gets its ETA history
-# reconstructed (forecasting.services._eta_backfill): as-of forecasts at this many times of its
+# reconstructed (forecasting.compute._eta_backfill): as-of forecasts at this many times of its
 # own data, each from the points logged by then. Its ETA chart then starts at its start instead
 # of being one point at the right edge of hours of empty axis.
 ETA_BACKFILL_MIN_SPAN_S = 600.0

@@ -195,7 +195,7 @@ def run(project: Project, no_default_slack: None) -> Run:
 
 
 def flag_raise(run: Run, kind: str = "nan", state: str = Flag.State.RAISED, **fields: Any) -> Flag:
-    """A Flag row as forecasting.services.flags_sync writes it."""
+    """A Flag row as forecasting.flags.flags_sync writes it."""
     defaults: dict[str, Any] = {
         "explanation": "Loss became NaN/Inf at step 812,400 (3 non-finite values) still NaN.",
         "severity": 3.0,

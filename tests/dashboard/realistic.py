@@ -1,5 +1,5 @@
 """A project of real training curves (demo/data), ingested through tracker.services and
-forecast with forecasting.services, for browser tests, screenshots and the page benchmark.
+forecast with forecasting.compute, for browser tests, screenshots and the page benchmark.
 
 Each curve's own pacing is stretched to a chosen duration and placed so that a chosen share of
 it has happened by `now`; the history is ingested in batches with a forecast after each, so the

@@ -30,7 +30,7 @@ from runcast.integrations.lightning import RuncastLogger  # noqa: E402
 from tiny_gpt import TokenDataset, tiny_gpt  # noqa: E402
 
 from forecasting import selectors as forecast_selectors  # noqa: E402
-from forecasting import services  # noqa: E402
+from forecasting import compute  # noqa: E402
 from forecasting.models import Flag  # noqa: E402
 from forecasting.receivers import _on_ingested  # noqa: E402
 from tracker import selectors  # noqa: E402
@@ -104,7 +104,7 @@ def test_an_lr_jump_is_flagged_with_onset_rollback_and_first_layers(
     try:
         trainer.fit(JumpingGPT(), data)
         run = _wait_for(logger.version, STEPS - 1, STEPS // CKPT_EVERY)
-        services.forecast_compute(run_id=run.pk)
+        compute.forecast_compute(run_id=run.pk)
     finally:
         run_ingested.connect(_on_ingested)
 
