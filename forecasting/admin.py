@@ -1,11 +1,11 @@
-"""Forecasts, flags and the server clock, for operators to inspect: all written by the
-forecasting services (a flag is the alerts' outbox), so read-only."""
+"""Forecasts, flags, the hysteresis' readings and the server clock, for operators to inspect:
+all written by the forecasting services (a flag is the alerts' outbox), so read-only."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from forecasting.models import Flag, Forecast, ServerClock
+from forecasting.models import ConditionReading, Flag, Forecast, ServerClock
 from tracker.admin import ReadOnlyAdmin
 
 
@@ -34,6 +34,15 @@ class FlagAdmin(ReadOnlyAdmin):
     search_fields = ("run__public_id", "explanation")
     date_hierarchy = "created_at"
     list_select_related = ("run",)
+
+
+@admin.register(ConditionReading)
+class ConditionReadingAdmin(ReadOnlyAdmin):
+    list_display = ("run", "computed_at", "segment", "found", "deadline_p", "input_step")
+    search_fields = ("run__public_id",)
+    date_hierarchy = "computed_at"
+    list_select_related = ("run",)
+    show_full_result_count = False  # one row per run per computation
 
 
 @admin.register(ServerClock)

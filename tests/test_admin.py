@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from alerts import services as alert_services
 from alerts.models import Channel, Digest
-from forecasting.models import Forecast, ServerClock
+from forecasting.models import ConditionReading, Forecast, ServerClock
 from tests.alerts.fixtures import flag_raise
 from tracker import invitations
 from tracker.admin import ReadOnlyAdmin
@@ -43,7 +43,9 @@ READ_ONLY = {
     "tracker.gpuepisode",
     "forecasting.forecast",
     "forecasting.flag",
+    "forecasting.conditionreading",
     "forecasting.serverclock",
+    "tracker.latestmetric",
     "alerts.notification",
     "alerts.digest",
 }
@@ -111,6 +113,9 @@ def data(
         project=project, name="Blind eval", cutoff=datetime(2031, 1, 1, tzinfo=UTC), timezone="UTC"
     )
     Forecast.objects.create(run=run, kind=Forecast.Kind.ETA, segment=1, input_last_step=3)
+    ConditionReading.objects.create(
+        run=run, segment=1, second=1_700_000_000, computed_at=run.started_at, found=["rise"]
+    )
     flag_raise(run)
     channel = alert_services.channel_create(
         project=project, kind=Channel.Kind.WEBHOOK, name="hook", target="http://127.0.0.1:9/x"

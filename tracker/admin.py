@@ -26,6 +26,7 @@ from tracker.models import (
     HostProcess,
     IngestBatch,
     Invitation,
+    LatestMetric,
     Membership,
     MetricChunk,
     Project,
@@ -211,6 +212,13 @@ class RunSegmentAdmin(ReadOnlyAdmin):
     list_display = ("run", "number", "session", "started_at", "first_step", "previous_last_step")
     search_fields = ("run__public_id", "session")
     raw_id_fields = ("run",)
+    list_select_related = ("run",)
+
+
+@admin.register(LatestMetric)
+class LatestMetricAdmin(ReadOnlyAdmin):
+    list_display = ("run", "key", "value", "step", "timestamp_ms")
+    search_fields = ("run__public_id", "key")
     list_select_related = ("run",)
 
 

@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from runcast.integrations.lightning import RuncastLogger  # noqa: E402
 from tiny_gpt import TokenDataset, tiny_gpt  # noqa: E402
 
-from forecasting import selectors as forecast_selectors  # noqa: E402
 from forecasting import compute  # noqa: E402
+from forecasting import selectors as forecast_selectors  # noqa: E402
 from forecasting.models import Flag  # noqa: E402
 from forecasting.receivers import _on_ingested  # noqa: E402
 from tracker import selectors  # noqa: E402
