@@ -45,7 +45,9 @@ class Page:
     """A session-authenticated URL. get/post: the least level that may use the method (None:
     the method answers 405). project: scoped to a project, so an outsider gets 404 (the project's
     existence is not disclosed). data: a POST body (the matrix checks who gets past the access
-    check; an allowed POST with a body a form refuses still answers 400, not 403)."""
+    check; an allowed POST with a body a form refuses still answers 400, not 403).
+    get_ok/post_ok: the exact status an allowed request answers, so a page that starts refusing
+    (or stops saving) a role it should serve fails here."""
 
     get: str | None
     post: str | None
@@ -53,11 +55,16 @@ class Page:
     data: dict[str, str] = field(default_factory=dict)
     # Where an allowed POST lands is the login page (logging out), not a sign of refusal.
     ends_at_login: bool = False
+    get_ok: int = 200
+    post_ok: int = 302
+    # Where a signed-in user's allowed POST answers otherwise than an anonymous one's.
+    post_ok_signed_in: int | None = None
 
 
 PAGES: dict[str, Page] = {
     "healthz": Page(get="public", post=None, project=False),
-    "login": Page(get="public", post="public", project=False),
+    # An empty login form is shown again with its errors.
+    "login": Page(get="public", post="public", project=False, post_ok=200),
     "logout": Page(get=None, post="public", project=False, ends_at_login=True),
     "dashboard:home": Page(get="user", post=None, project=False),
     "dashboard:board-partial": Page(get="user", post=None, project=False),
@@ -76,24 +83,35 @@ PAGES: dict[str, Page] = {
         post="owner",
         data={"gpu_hour_price": "3.5", "currency": "EUR", "timezone": "Europe/Paris"},
     ),
-    "dashboard:settings-targets": Page(get=None, post="member", data={"targets": "loss 1.5"}),
-    "dashboard:member-add": Page(get=None, post="owner", data={"user": "x", "role": "viewer"}),
+    "dashboard:settings-targets": Page(
+        get=None, post="member", data={"targets": "loss 1.5"}, post_ok=400
+    ),
+    # No user "x": the form refuses it after the access check.
+    "dashboard:member-add": Page(
+        get=None, post="owner", data={"user": "x", "role": "viewer"}, post_ok=400
+    ),
     "dashboard:member-update": Page(get=None, post="owner", data={"role": "member"}),
-    "dashboard:token-new": Page(get=None, post="member", data={"name": "t", "scope": "read"}),
+    # The new token is shown once, on the page the POST answers.
+    "dashboard:token-new": Page(
+        get=None, post="member", data={"name": "t", "scope": "read"}, post_ok=201
+    ),
     # Projects are created by staff unless RUNCAST_USERS_CAN_CREATE_PROJECTS (off in tests).
     "dashboard:project-new": Page(get="staff", post="staff", project=False),
     "dashboard:member-invite": Page(
-        get=None, post="owner", data={"email": "new@example.com", "role": "viewer"}
+        get=None, post="owner", data={"email": "new@example.com", "role": "viewer"}, post_ok=400
     ),
-    "dashboard:member-create": Page(get=None, post="owner"),
+    "dashboard:member-create": Page(get=None, post="owner", post_ok=400),
     "dashboard:invitation-revoke": Page(get=None, post="owner"),
     # The invitation link's token is the credential: anyone holding it may see and spend it.
-    "dashboard:invite-accept": Page(get="public", post="public", project=False),
-    "password_change": Page(get="user", post="user", project=False),
+    # An empty form is refused (400); a user signed in as someone else is told to sign out (409).
+    "dashboard:invite-accept": Page(
+        get="public", post="public", project=False, post_ok=400, post_ok_signed_in=409
+    ),
+    "password_change": Page(get="user", post="user", project=False, post_ok=200),
     "password_change_done": Page(get="user", post=None, project=False),
     "dashboard:token-revoke": Page(get=None, post="member"),
-    "dashboard:deadline-new": Page(get="member", post="member"),
-    "dashboard:deadline-edit": Page(get="member", post="member"),
+    "dashboard:deadline-new": Page(get="member", post="member", post_ok=400),
+    "dashboard:deadline-edit": Page(get="member", post="member", post_ok=400),
     "alerts:history": Page(get="viewer", post=None),
     "alerts:run-history": Page(get="viewer", post=None),
     "alerts:channels": Page(
@@ -365,7 +383,8 @@ def _expect(level: str | None, role: str, project_scoped: bool) -> str:
     return "allowed" if RANK[role] >= NEED[level] else "forbidden"
 
 
-def _check(response: Any, expected: str, what: str, ends_at_login: bool = False) -> None:
+def _check(response: Any, expected: str, what: str, ok: int, ends_at_login: bool = False) -> None:
+    """ok: the exact status the page answers a request it allows."""
     status = response.status_code
     if expected == "login":
         assert _is_login_redirect(response), f"{what}: anonymous must go to login, got {status}"
@@ -379,7 +398,7 @@ def _check(response: Any, expected: str, what: str, ends_at_login: bool = False)
             f"{what}: must answer 405, got {status}"
         )
     else:
-        assert status in (200, 201, 302, 400, 409), f"{what}: must be allowed, got {status}"
+        assert status == ok, f"{what}: must be allowed with {ok}, got {status}"
         assert ends_at_login or not _is_login_redirect(response), (
             f"{what}: allowed, but sent to login"
         )
@@ -393,12 +412,16 @@ def test_every_page_answers_each_role_as_classified(world: World, url: Url, role
     client = _client(world, role)
     path = world.path(url)
 
-    _check(client.get(path), _expect(page.get, role, page.project), f"GET {path} as {role}")
+    expected = _expect(page.get, role, page.project)
+    _check(client.get(path), expected, f"GET {path} as {role}", page.get_ok)
 
     before = world.state()
     expected = _expect(page.post, role, page.project)
     response = client.post(path, page.data)
-    _check(response, expected, f"POST {path} as {role}", page.ends_at_login)
+    post_ok = page.post_ok
+    if role != "anonymous" and page.post_ok_signed_in is not None:
+        post_ok = page.post_ok_signed_in
+    _check(response, expected, f"POST {path} as {role}", post_ok, page.ends_at_login)
     if expected != "allowed":
         assert world.state() == before, f"POST {path} as {role} was refused but changed data"
 
@@ -560,14 +583,32 @@ def test_the_admin_sends_every_non_staff_role_to_its_login(
 # --- the MLflow tracking API ------------------------------------------------------------------
 
 
+# Per token: (status, error_code) of reading the run and of logging to it; None: no error.
+MLFLOW_ANSWERS: dict[str, tuple[tuple[int, str | None], tuple[int, str | None]]] = {
+    "none": ((401, "UNAUTHENTICATED"), (401, "UNAUTHENTICATED")),
+    "read": ((200, None), (403, "PERMISSION_DENIED")),
+    "write": ((200, None), (200, None)),
+    # Another project's tokens, each of the scope the call needs: the run does not exist for them.
+    "other": ((404, "RESOURCE_DOES_NOT_EXIST"), (404, "RESOURCE_DOES_NOT_EXIST")),
+}
+
+
+def _mlflow_auth(world: World, token: str, scope: str) -> dict[str, str]:
+    if token == "none":
+        return {}
+    raw = world.tokens[f"other-{scope}"] if token == "other" else world.tokens[token]
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+def _mlflow_answer(response: Any) -> tuple[int, str | None]:
+    assert response["Content-Type"].startswith("application/json"), response.content[:200]
+    return response.status_code, response.json().get("error_code")
+
+
 @pytest.mark.parametrize("token", TOKENS)
 def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: str) -> None:
     """Reading a run needs a read token of its project; logging needs a write token; no token is
     401 and another project's token does not see the run: always MLflow's error JSON."""
-    headers = {}
-    if token != "none":
-        raw = world.tokens["other-read"] if token == "other" else world.tokens[token]
-        headers["HTTP_AUTHORIZATION"] = f"Bearer {raw}"
     client = Client(enforce_csrf_checks=True)
     created = client.post(
         "/api/2.0/mlflow/runs/create",
@@ -578,29 +619,26 @@ def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: s
     assert created.status_code == 200, created.content[:200]
     run_id = created.json()["run"]["info"]["run_id"]
     before = world.state()
-    got = client.get("/api/2.0/mlflow/runs/get", {"run_id": run_id}, **headers)
+    got = client.get(
+        "/api/2.0/mlflow/runs/get", {"run_id": run_id}, **_mlflow_auth(world, token, "read")
+    )
     logged = client.post(
         "/api/2.0/mlflow/runs/log-parameter",
         data={"run_id": run_id, "key": "lr", "value": "0.1"},
         content_type="application/json",
-        **headers,
+        **_mlflow_auth(world, token, "write"),
     )
-    artifacts = client.get("/api/2.0/mlflow-artifacts/artifacts", **headers)
-    for response in (got, logged, artifacts):
-        assert response["Content-Type"].startswith("application/json"), response.content[:200]
-        assert "error_code" in response.json() or response.status_code == 200
+    artifacts = client.get(
+        "/api/2.0/mlflow-artifacts/artifacts", **_mlflow_auth(world, token, "read")
+    )
+    assert (_mlflow_answer(got), _mlflow_answer(logged)) == MLFLOW_ANSWERS[token]
     # Artifacts are not kept, for anyone: the same 501 with or without a token discloses nothing.
-    assert artifacts.status_code == 501 and artifacts.json()["error_code"] == "NOT_IMPLEMENTED"
-    if token == "none":
-        assert (got.status_code, logged.status_code) == (401, 401)
-    elif token == "other":
-        assert got.status_code == 404 and got.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST"
-        assert logged.status_code in (403, 404)
-    elif token == "read":
-        assert got.status_code == 200
-        assert logged.status_code == 403
-        assert logged.json()["error_code"] == "PERMISSION_DENIED"
-    else:
-        assert got.status_code == 200 and logged.status_code == 200
-        return
+    assert _mlflow_answer(artifacts) == (501, "NOT_IMPLEMENTED")
+    if got.status_code == 200:
+        assert got.json()["run"]["info"]["run_id"] == run_id
+    # Only the write token's param is logged; every refusal leaves the run as it was.
+    auth = _mlflow_auth(world, "write", "read")
+    run = client.get("/api/2.0/mlflow/runs/get", {"run_id": run_id}, **auth).json()["run"]
+    logged_params = [{"key": "lr", "value": "0.1"}] if token == "write" else []
+    assert run["data"].get("params", []) == logged_params
     assert world.state() == before
