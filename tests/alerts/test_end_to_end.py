@@ -17,7 +17,8 @@ from tests.alerts.fixtures import HttpSink, Mailbox
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The client, the live server and the in-process tasks (forecast, dispatch, delivery) together.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.eager]
 
 
 def wait_for(check: Any, timeout: float = 30.0) -> None:
