@@ -13,6 +13,7 @@ from django.test import Client
 from pytest_django.fixtures import Settings as DjangoSettings
 
 from config.celery import app as celery_app
+from tests import broker
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 
@@ -39,9 +40,10 @@ def celery_eager(settings: DjangoSettings) -> Iterator[None]:
     whose outcome needs them run: its alerts, its forecasts after an ingest. Without it they go
     to the broker as on a server and no worker runs them. Mark a test or module with
     `pytest.mark.eager` rather than asking for this fixture by name."""
-    # Celery read CELERY_TASK_ALWAYS_EAGER into its conf at configure time: set both.
-    settings.CELERY_TASK_ALWAYS_EAGER = True
+    # Celery reads CELERY_TASK_ALWAYS_EAGER into its conf once, when the conf is first used
+    # (perhaps just here: read it before changing the setting, or it keeps True): set both.
     before = celery_app.conf.task_always_eager
+    settings.CELERY_TASK_ALWAYS_EAGER = True
     celery_app.conf.task_always_eager = True
     # Load the forecasting stack now, as a worker does before forking, not inside the first
     # request of a live-server test that enqueues a forecast (seconds: a client times out).
@@ -71,7 +73,7 @@ def _no_queued_tasks_left() -> Iterator[None]:
     yield
     after_task_publish.disconnect(note)
     if sent:
-        celery_app.control.purge()
+        broker.purge()
 
 
 @pytest.fixture

@@ -455,6 +455,7 @@ def test_it_sends_a_run_ending_at_once_when_the_trainers_clock_runs_ahead(
     assert set(Notification.objects.values_list("status", flat=True)) == {S.SENT}
 
 
+@pytest.mark.eager
 def test_a_flag_raised_and_resolved_before_its_raise_went_out_sends_nothing(
     run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
 ) -> None:

@@ -13,6 +13,7 @@ from django.utils import timezone
 from config.celery import QUEUE_FORECASTING, app
 from forecasting import tasks
 from forecasting.models import Flag, Forecast
+from tests import broker
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 
@@ -53,6 +54,18 @@ def test_forecast_task_run_twice_changes_nothing(project):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "runs",
+    [pytest.param(True, marks=pytest.mark.eager, id="eager"), pytest.param(False, id="sent")],
+)
+def test_a_sent_task_runs_in_the_test_only_where_it_is_marked_eager(project, runs):
+    # Elsewhere it waits in the broker, as on a server with no worker (tests/conftest.py).
+    run = make_run(project)
+    tasks.forecast_run.delay(run.pk)
+    assert Flag.objects.filter(run=run, kind="nan").exists() is runs
+
+
+@pytest.mark.django_db
 def test_it_debounces_forecast_requests(project, monkeypatch):
     run = make_run(project, n=10)
     calls = []
@@ -87,7 +100,7 @@ def real_worker():
         connections.close_all()
 
     # What an aborted earlier session left in the broker (Redis outlives a run) is not ours.
-    app.control.purge()
+    broker.purge()
     task_postrun.connect(close_worker_connections, weak=False)
     try:
         with start_worker(
