@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from celery.signals import after_task_publish
 from django.contrib.auth.models import User
 from django.test import Client
+from pytest_django.fixtures import Settings as DjangoSettings
 
+from config.celery import app as celery_app
+from tests import broker
 from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 
@@ -28,6 +32,48 @@ def _fresh_cache() -> Any:
     cache.clear()
     yield
     cache.clear()
+
+
+@pytest.fixture
+def celery_eager(settings: DjangoSettings) -> Iterator[None]:
+    """Tasks run in-process when sent (`.delay()` returns once the task has run), for a test
+    whose outcome needs them run: its alerts, its forecasts after an ingest. Without it they go
+    to the broker as on a server and no worker runs them. Mark a test or module with
+    `pytest.mark.eager` rather than asking for this fixture by name."""
+    # Celery reads CELERY_TASK_ALWAYS_EAGER into its conf once, when the conf is first used
+    # (perhaps just here: read it before changing the setting, or it keeps True): set both.
+    before = celery_app.conf.task_always_eager
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    celery_app.conf.task_always_eager = True
+    # Load the forecasting stack now, as a worker does before forking, not inside the first
+    # request of a live-server test that enqueues a forecast (seconds: a client times out).
+    from forecasting import services  # noqa: F401
+
+    yield
+    celery_app.conf.task_always_eager = before
+
+
+@pytest.fixture(autouse=True)
+def _eager_when_marked(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("eager"):
+        request.getfixturevalue("celery_eager")
+
+
+@pytest.fixture(autouse=True)
+def _no_queued_tasks_left() -> Iterator[None]:
+    """A task a test sent and no worker ran is dropped at its end: otherwise the broker (Redis
+    in CI, kept between runs) grows over the suite, and a later test's real worker would run
+    it, against that test's rows (ids are reused once tables are emptied)."""
+    sent: list[str] = []
+
+    def note(sender: str | None = None, **kwargs: object) -> None:
+        sent.append(str(sender))
+
+    after_task_publish.connect(note, weak=False)
+    yield
+    after_task_publish.disconnect(note)
+    if sent:
+        broker.purge()
 
 
 @pytest.fixture

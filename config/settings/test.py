@@ -15,8 +15,11 @@ from config.settings.base import *  # noqa: F403
 
 # Hashing passwords slowly protects nothing in tests and costs seconds per login.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-# Tasks run in-process unless a test starts a real worker against the broker.
-CELERY_TASK_ALWAYS_EAGER = True
+# Tasks go to the broker as on a server, where no worker runs them: a test that needs its
+# tasks run asks for them in-process (the `eager` marker, tests/conftest.py) or starts a real
+# worker. Eager for every test hid the path a real worker takes.
+CELERY_TASK_ALWAYS_EAGER = False
+# Where a test runs tasks in-process, a task's exception fails the test.
 CELERY_TASK_EAGER_PROPAGATES = True
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 # As on a server without SMTP; invitation tests turn email on against a local SMTP server.
@@ -31,11 +34,20 @@ SITE_URL = "http://testserver"
 if CELERY_BROKER_URL.startswith("filesystem://"):  # noqa: F405
     # A broker folder of this test process's own: a running `scripts/dev` worker shares var/broker
     # and would otherwise take the tasks a test sends to its own worker.
+    import atexit
+    import shutil
     import tempfile
     from pathlib import Path
 
     _broker = Path(tempfile.gettempdir()) / f"runcast-test-broker-{os.getpid()}"
     (_broker / "processed").mkdir(parents=True, exist_ok=True)
+
+    def _broker_remove(owner: int = os.getpid()) -> None:
+        # One folder per test process, gone with it (a forked child leaves its parent's alone).
+        if os.getpid() == owner:
+            shutil.rmtree(_broker, ignore_errors=True)
+
+    atexit.register(_broker_remove)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker),
         "data_folder_out": str(_broker),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 from django import template
 from django.utils import timezone
@@ -105,5 +106,5 @@ def tone(p_on_time: float | None) -> str:
 
 
 @register.filter
-def get(mapping: dict | None, key: str):  # type: ignore[type-arg]
+def get(mapping: dict[str, Any] | None, key: str) -> Any:
     return (mapping or {}).get(key)

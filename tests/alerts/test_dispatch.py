@@ -35,6 +35,7 @@ def dispatch(capture: Any) -> None:
         tasks.dispatch_flags()
 
 
+@pytest.mark.eager
 def test_it_delivers_a_nan_flag_once_by_email_and_slack(
     run: Run,
     channels: Any,
@@ -224,6 +225,7 @@ def test_an_update_no_worse_than_its_alert_is_not_sent_again(run: Run, channels:
     assert got[1][2].startswith("no worse than the alert at")
 
 
+@pytest.mark.eager
 def test_it_suppresses_a_flapping_flag_within_the_cooldown(
     run: Run,
     channels: Any,
@@ -272,6 +274,7 @@ def test_it_sends_again_after_the_cooldown(run: Run, channels: Any) -> None:
     assert events == [("raised", S.SENT), ("resolved", S.SENT), ("raised", S.PENDING)]
 
 
+@pytest.mark.eager
 def test_it_sends_a_resolved_message_when_a_flag_clears(
     run: Run,
     channels: Any,
@@ -301,6 +304,7 @@ def test_it_skips_a_resolve_whose_raise_was_never_reported(run: Run, channels: A
     assert Notification.objects.count() == 0
 
 
+@pytest.mark.eager
 def test_it_notifies_a_finished_run_once(
     run: Run,
     channels: Any,
@@ -324,6 +328,7 @@ def test_it_notifies_a_finished_run_once(
     assert len(sink.to("/slack")) == 1
 
 
+@pytest.mark.eager
 def test_it_notifies_a_failed_run_as_critical(
     run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -347,6 +352,7 @@ def test_it_sweeps_run_endings_whose_task_was_lost(run: Run, channels: Any) -> N
     assert Notification.objects.filter(kind="finished").count() == 2  # one per channel
 
 
+@pytest.mark.eager
 def test_it_requeues_pending_notifications_whose_task_was_lost(
     run: Run,
     channels: Any,
@@ -367,6 +373,7 @@ def test_it_requeues_pending_notifications_whose_task_was_lost(
     assert len(sink.to("/slack")) == 1
 
 
+@pytest.mark.eager
 def test_it_dispatches_as_soon_as_forecasting_commits_a_flag(
     run: Run,
     channels: Any,
@@ -437,6 +444,7 @@ def test_it_keeps_one_failing_flag_from_holding_up_the_others(
     assert stuck.processed_at is None  # left for the next sweep, after someone fixes the rule
 
 
+@pytest.mark.eager
 def test_it_sends_a_run_ending_at_once_when_the_trainers_clock_runs_ahead(
     run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -448,6 +456,7 @@ def test_it_sends_a_run_ending_at_once_when_the_trainers_clock_runs_ahead(
     assert set(Notification.objects.values_list("status", flat=True)) == {S.SENT}
 
 
+@pytest.mark.eager
 def test_a_flag_raised_and_resolved_before_its_raise_went_out_sends_nothing(
     run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
 ) -> None:

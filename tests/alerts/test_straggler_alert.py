@@ -42,6 +42,7 @@ def channels(project: Project, sink: HttpSink, mailbox: Mailbox) -> None:
     )
 
 
+@pytest.mark.eager
 def test_it_alerts_a_straggler_with_rank_host_and_whatif_finish(
     run: Run,
     channels: None,

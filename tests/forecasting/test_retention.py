@@ -138,6 +138,7 @@ def test_an_ended_runs_last_forecast_of_each_kind_stays(run):
         assert selectors.forecast_latest(run=run, kind=kind) == forecast
 
 
+@pytest.mark.eager
 def test_the_task_runs_twice_safely(run):
     tasks.forecasts_thin.delay()
     tasks.forecasts_thin.delay()

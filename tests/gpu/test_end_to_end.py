@@ -29,7 +29,8 @@ from tests.client.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tracker.models import ApiToken, GpuEpisode, Host, Membership, Project, Run
 from tracker.services import token_create
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The flag raised by the sweep is dispatched and delivered in-process, as a worker would.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.eager]
 
 GPUS = 8
 SPAN_S = 420

@@ -18,7 +18,8 @@ from alerts import services as alert_services
 from tests.dashboard.realistic import seed
 from tracker.models import Project, Run
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# The seeded flags' alerts are dispatched in-process, so the alert history has rows to draw.
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.eager]
 
 CHROMIUM = "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():

@@ -47,7 +47,9 @@ class Page:
     """A session-authenticated URL. get/post: the least level that may use the method (None:
     the method answers 405). project: scoped to a project, so an outsider gets 404 (the project's
     existence is not disclosed). data: a POST body (the matrix checks who gets past the access
-    check; an allowed POST with a body a form refuses still answers 400, not 403)."""
+    check; an allowed POST with a body a form refuses still answers 400, not 403).
+    get_ok/post_ok: the exact status an allowed request answers, so a page that starts refusing
+    (or stops saving) a role it should serve fails here."""
 
     get: str | None
     post: str | None
@@ -55,11 +57,16 @@ class Page:
     data: dict[str, str] = field(default_factory=dict)
     # Where an allowed POST lands is the login page (logging out), not a sign of refusal.
     ends_at_login: bool = False
+    get_ok: int = 200
+    post_ok: int = 302
+    # Where a signed-in user's allowed POST answers otherwise than an anonymous one's.
+    post_ok_signed_in: int | None = None
 
 
 PAGES: dict[str, Page] = {
     "healthz": Page(get="public", post=None, project=False),
-    "login": Page(get="public", post="public", project=False),
+    # An empty login form is shown again with its errors.
+    "login": Page(get="public", post="public", project=False, post_ok=200),
     "logout": Page(get=None, post="public", project=False, ends_at_login=True),
     "dashboard:home": Page(get="user", post=None, project=False),
     "dashboard:board-partial": Page(get="user", post=None, project=False),
@@ -78,24 +85,36 @@ PAGES: dict[str, Page] = {
         post="owner",
         data={"gpu_hour_price": "3.5", "currency": "EUR", "timezone": "Europe/Paris"},
     ),
-    "dashboard:settings-targets": Page(get=None, post="member", data={"targets": "loss 1.5"}),
-    "dashboard:member-add": Page(get=None, post="owner", data={"user": "x", "role": "viewer"}),
-    "dashboard:member-update": Page(get=None, post="owner", data={"role": "member"}),
-    "dashboard:token-new": Page(get=None, post="member", data={"name": "t", "scope": "read"}),
-    # Projects are created by staff unless RUNCAST_USERS_CAN_CREATE_PROJECTS (off in tests).
-    "dashboard:project-new": Page(get="staff", post="staff", project=False),
-    "dashboard:member-invite": Page(
-        get=None, post="owner", data={"email": "new@example.com", "role": "viewer"}
+    "dashboard:settings-targets": Page(
+        get=None, post="member", data={"targets": "loss 1.5"}, post_ok=400
     ),
-    "dashboard:member-create": Page(get=None, post="owner"),
+    # No user "x": the form refuses it after the access check.
+    "dashboard:member-add": Page(
+        get=None, post="owner", data={"user": "x", "role": "viewer"}, post_ok=400
+    ),
+    "dashboard:member-update": Page(get=None, post="owner", data={"role": "member"}),
+    # The new token is shown once, on the page the POST answers.
+    "dashboard:token-new": Page(
+        get=None, post="member", data={"name": "t", "scope": "read"}, post_ok=201
+    ),
+    # Projects are created by staff unless RUNCAST_USERS_CAN_CREATE_PROJECTS (off in tests); the
+    # matrix posts an empty form, which the page refuses (400).
+    "dashboard:project-new": Page(get="staff", post="staff", project=False, post_ok=400),
+    "dashboard:member-invite": Page(
+        get=None, post="owner", data={"email": "new@example.com", "role": "viewer"}, post_ok=400
+    ),
+    "dashboard:member-create": Page(get=None, post="owner", post_ok=400),
     "dashboard:invitation-revoke": Page(get=None, post="owner"),
     # The invitation link's token is the credential: anyone holding it may see and spend it.
-    "dashboard:invite-accept": Page(get="public", post="public", project=False),
-    "password_change": Page(get="user", post="user", project=False),
+    # An empty form is refused (400); a user signed in as someone else is told to sign out (409).
+    "dashboard:invite-accept": Page(
+        get="public", post="public", project=False, post_ok=400, post_ok_signed_in=409
+    ),
+    "password_change": Page(get="user", post="user", project=False, post_ok=200),
     "password_change_done": Page(get="user", post=None, project=False),
     "dashboard:token-revoke": Page(get=None, post="member"),
-    "dashboard:deadline-new": Page(get="member", post="member"),
-    "dashboard:deadline-edit": Page(get="member", post="member"),
+    "dashboard:deadline-new": Page(get="member", post="member", post_ok=400),
+    "dashboard:deadline-edit": Page(get="member", post="member", post_ok=400),
     "alerts:history": Page(get="viewer", post=None),
     "alerts:run-history": Page(get="viewer", post=None),
     "alerts:channels": Page(
@@ -120,12 +139,16 @@ PAGES: dict[str, Page] = {
 @dataclass(frozen=True)
 class Api:
     """A token-authenticated /api/v1/ operation: its method and the scope it needs (None:
-    public). body: a request that a token of the right scope gets accepted."""
+    public). body: a request that a token of the right scope gets accepted. ok: what that
+    request answers; other_ok: what another project's token of that scope gets, where it differs
+    (it creates in its own project what this project already has)."""
 
     method: str
     scope: str | None
     body: dict[str, Any] = field(default_factory=dict)
     public_status: int = 200
+    ok: int = 200
+    other_ok: int | None = None
 
 
 API: dict[str, Api] = {
@@ -133,7 +156,8 @@ API: dict[str, Api] = {
     "api-v1:api-root": Api("GET", None, public_status=404),
     "api-v1:openapi-json": Api("GET", None),
     "api-v1:openapi-view": Api("GET", None),
-    "api-v1:run_create": Api("POST", "write", {"id": "pretrain", "session": "s2"}),
+    # "pretrain" exists here (resumed: 200); another project's token creates its own (201).
+    "api-v1:run_create": Api("POST", "write", {"id": "pretrain", "session": "s2"}, other_ok=201),
     "api-v1:run_list": Api("GET", "read"),
     "api-v1:run_detail": Api("GET", "read"),
     "api-v1:run_forecast": Api("GET", "read"),
@@ -146,7 +170,7 @@ API: dict[str, Api] = {
     "api-v1:timings_create": Api(
         "POST", "write", {"session": "r1", "seq": 1, "rank": 1, "steps": [1], "compute_s": [0.5]}
     ),
-    "api-v1:host_create": Api("POST", "write", {"host": "node-9", "session": "a1"}),
+    "api-v1:host_create": Api("POST", "write", {"host": "node-9", "session": "a1"}, ok=201),
     "api-v1:host_batch": Api("POST", "write", {"session": "a1", "seq": 1}),
     "api-v1:host_finish": Api("POST", "write"),
 }
@@ -356,18 +380,21 @@ def _is_login_redirect(response: Any, login: str = "/login/") -> bool:
 # --- pages: every role, GET and POST ----------------------------------------------------------
 
 
-def _expect(level: str | None, role: str, project_scoped: bool) -> str:
-    """'allowed', 'login', 'hidden' (404), 'forbidden' (403) or 'method' (405)."""
+def _expect(level: str | None, role: str, project_scoped: bool, other: str | None) -> str:
+    """'allowed', 'login', 'hidden' (404), 'forbidden' (403) or 'method' (405). other: the
+    level of the page's other method."""
+    if role == "anonymous" and (level or other) != "public":
+        # A page behind login sends anonymous users there before it looks at the method.
+        return "login"
     if level is None:
         return "method"
-    if role == "anonymous" and level != "public":
-        return "login"
     if role == "outsider" and project_scoped and NEED[level] >= NEED["viewer"]:
         return "hidden"
     return "allowed" if RANK[role] >= NEED[level] else "forbidden"
 
 
-def _check(response: Any, expected: str, what: str, ends_at_login: bool = False) -> None:
+def _check(response: Any, expected: str, what: str, ok: int, ends_at_login: bool = False) -> None:
+    """ok: the exact status the page answers a request it allows."""
     status = response.status_code
     if expected == "login":
         assert _is_login_redirect(response), f"{what}: anonymous must go to login, got {status}"
@@ -376,15 +403,18 @@ def _check(response: Any, expected: str, what: str, ends_at_login: bool = False)
     elif expected == "forbidden":
         assert status == 403, f"{what}: must be refused with 403, got {status}"
     elif expected == "method":
-        # An anonymous user may be sent to login first; anyone else gets 405.
-        assert status == 405 or _is_login_redirect(response), (
-            f"{what}: must answer 405, got {status}"
-        )
+        assert status == 405, f"{what}: must answer 405, got {status}"
     else:
-        assert status in (200, 201, 302, 400, 409), f"{what}: must be allowed, got {status}"
+        assert status == ok, f"{what}: must be allowed with {ok}, got {status}"
         assert ends_at_login or not _is_login_redirect(response), (
             f"{what}: allowed, but sent to login"
         )
+
+
+def _post_ok(page: Page, role: str) -> int:
+    if role != "anonymous" and page.post_ok_signed_in is not None:
+        return page.post_ok_signed_in
+    return page.post_ok
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -395,12 +425,13 @@ def test_every_page_answers_each_role_as_classified(world: World, url: Url, role
     client = _client(world, role)
     path = world.path(url)
 
-    _check(client.get(path), _expect(page.get, role, page.project), f"GET {path} as {role}")
+    expected = _expect(page.get, role, page.project, page.post)
+    _check(client.get(path), expected, f"GET {path} as {role}", page.get_ok)
 
     before = world.state()
-    expected = _expect(page.post, role, page.project)
+    expected = _expect(page.post, role, page.project, page.get)
     response = client.post(path, page.data)
-    _check(response, expected, f"POST {path} as {role}", page.ends_at_login)
+    _check(response, expected, f"POST {path} as {role}", _post_ok(page, role), page.ends_at_login)
     if expected != "allowed":
         assert world.state() == before, f"POST {path} as {role} was refused but changed data"
 
@@ -433,11 +464,12 @@ def test_an_owner_of_another_project_cannot_reach_its_objects_through_their_own(
     client = _client(world, "outsider")
     path = world.path(url, project=world.other.slug)
     before = world.state()
+    page = PAGES[url.name]
     for method in ("get", "post"):
-        response = getattr(client, method)(path, PAGES[url.name].data if method == "post" else None)
-        assert response.status_code in (404, 405), (
-            f"{method.upper()} {path}: {response.status_code}"
-        )
+        response = getattr(client, method)(path, page.data if method == "post" else None)
+        # A method the page does not serve is 405 before any lookup; one it serves finds nothing.
+        expected = 405 if getattr(page, method) is None else 404
+        assert response.status_code == expected, f"{method.upper()} {path}: {response.status_code}"
     assert world.state() == before
 
 
@@ -460,7 +492,8 @@ def test_every_post_without_a_csrf_token_is_refused(world: World, url: Url) -> N
     client.get(reverse("login") if role == "anonymous" else reverse("dashboard:home"))
     token = client.cookies["csrftoken"].value
     response = client.post(path, {**page.data, "csrfmiddlewaretoken": token})
-    assert response.status_code != 403, f"POST {path} with CSRF: {response.status_code}"
+    ok = _post_ok(page, role)
+    assert response.status_code == ok, f"POST {path} with CSRF: {response.status_code}"
 
 
 # --- the API: no token, read, write, another project's ----------------------------------------
@@ -502,14 +535,15 @@ def test_every_api_operation_answers_each_token_as_classified(
         if "run_id" in url.params or "host" in url.params:
             assert status == 404, f"{what}: {status}"
         else:
-            assert status in (200, 201), f"{what}: {status}"
+            other_ok = api.ok if api.other_ok is None else api.other_ok
+            assert status == other_ok, f"{what}: {status}"
             assert world.run.public_id not in response.content.decode() or api.method == "POST"
         assert world.state() == before
         return
     elif token != api.scope:
         assert status == 403, f"{what}: {status}"
     else:
-        assert status in (200, 201), f"{what}: {status} {response.content[:200]!r}"
+        assert status == api.ok, f"{what}: {status} {response.content[:200]!r}"
         return
     assert world.state() == before
 
@@ -554,7 +588,7 @@ def test_the_admin_sends_every_non_staff_role_to_its_login(
     elif url.name in ADMIN_BOUNCE:
         assert response.status_code == 302 and response["Location"] == ADMIN_BOUNCE[url.name]
     else:
-        assert _is_login_redirect(response, "/admin/login/") or response.status_code == 404, (
+        assert _is_login_redirect(response, "/admin/login/"), (
             f"GET {path} as {role}: {response.status_code}"
         )
 
@@ -562,14 +596,32 @@ def test_the_admin_sends_every_non_staff_role_to_its_login(
 # --- the MLflow tracking API ------------------------------------------------------------------
 
 
+# Per token: (status, error_code) of reading the run and of logging to it; None: no error.
+MLFLOW_ANSWERS: dict[str, tuple[tuple[int, str | None], tuple[int, str | None]]] = {
+    "none": ((401, "UNAUTHENTICATED"), (401, "UNAUTHENTICATED")),
+    "read": ((200, None), (403, "PERMISSION_DENIED")),
+    "write": ((200, None), (200, None)),
+    # Another project's tokens, each of the scope the call needs: the run does not exist for them.
+    "other": ((404, "RESOURCE_DOES_NOT_EXIST"), (404, "RESOURCE_DOES_NOT_EXIST")),
+}
+
+
+def _mlflow_auth(world: World, token: str, scope: str) -> dict[str, str]:
+    if token == "none":
+        return {}
+    raw = world.tokens[f"other-{scope}"] if token == "other" else world.tokens[token]
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+def _mlflow_answer(response: Any) -> tuple[int, str | None]:
+    assert response["Content-Type"].startswith("application/json"), response.content[:200]
+    return response.status_code, response.json().get("error_code")
+
+
 @pytest.mark.parametrize("token", TOKENS)
 def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: str) -> None:
     """Reading a run needs a read token of its project; logging needs a write token; no token is
     401 and another project's token does not see the run: always MLflow's error JSON."""
-    headers = {}
-    if token != "none":
-        raw = world.tokens["other-read"] if token == "other" else world.tokens[token]
-        headers["HTTP_AUTHORIZATION"] = f"Bearer {raw}"
     client = Client(enforce_csrf_checks=True)
     created = client.post(
         "/api/2.0/mlflow/runs/create",
@@ -580,29 +632,26 @@ def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: s
     assert created.status_code == 200, created.content[:200]
     run_id = created.json()["run"]["info"]["run_id"]
     before = world.state()
-    got = client.get("/api/2.0/mlflow/runs/get", {"run_id": run_id}, **headers)
+    got = client.get(
+        "/api/2.0/mlflow/runs/get", {"run_id": run_id}, **_mlflow_auth(world, token, "read")
+    )
     logged = client.post(
         "/api/2.0/mlflow/runs/log-parameter",
         data={"run_id": run_id, "key": "lr", "value": "0.1"},
         content_type="application/json",
-        **headers,
+        **_mlflow_auth(world, token, "write"),
     )
-    artifacts = client.get("/api/2.0/mlflow-artifacts/artifacts", **headers)
-    for response in (got, logged, artifacts):
-        assert response["Content-Type"].startswith("application/json"), response.content[:200]
-        assert "error_code" in response.json() or response.status_code == 200
+    artifacts = client.get(
+        "/api/2.0/mlflow-artifacts/artifacts", **_mlflow_auth(world, token, "read")
+    )
+    assert (_mlflow_answer(got), _mlflow_answer(logged)) == MLFLOW_ANSWERS[token]
     # Artifacts are not kept, for anyone: the same 501 with or without a token discloses nothing.
-    assert artifacts.status_code == 501 and artifacts.json()["error_code"] == "NOT_IMPLEMENTED"
-    if token == "none":
-        assert (got.status_code, logged.status_code) == (401, 401)
-    elif token == "other":
-        assert got.status_code == 404 and got.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST"
-        assert logged.status_code in (403, 404)
-    elif token == "read":
-        assert got.status_code == 200
-        assert logged.status_code == 403
-        assert logged.json()["error_code"] == "PERMISSION_DENIED"
-    else:
-        assert got.status_code == 200 and logged.status_code == 200
-        return
+    assert _mlflow_answer(artifacts) == (501, "NOT_IMPLEMENTED")
+    if got.status_code == 200:
+        assert got.json()["run"]["info"]["run_id"] == run_id
+    # Only the write token's param is logged; every refusal leaves the run as it was.
+    auth = _mlflow_auth(world, "write", "read")
+    run = client.get("/api/2.0/mlflow/runs/get", {"run_id": run_id}, **auth).json()["run"]
+    logged_params = [{"key": "lr", "value": "0.1"}] if token == "write" else []
+    assert run["data"].get("params", []) == logged_params
     assert world.state() == before

@@ -84,6 +84,7 @@ def test_a_retried_finish_notifies_once(project, django_capture_on_commit_callba
     assert sent == [run.pk, run.pk]  # finished once, then the change to failed
 
 
+@pytest.mark.eager
 def test_a_stalled_flag_resolves_when_the_run_ends(project, django_capture_on_commit_callbacks):
     run = run_start(
         project=project,

@@ -82,6 +82,7 @@ def test_liveness_still_reads_a_run_whose_old_rows_are_gone(api, write_token):
     assert liveness.run_check_liveness(run_id=run.pk) == []
 
 
+@pytest.mark.eager
 def test_the_task_runs_twice_safely(api, write_token):
     _ten_old_and_two_new(api, write_token)
     tasks.batches_thin.delay()

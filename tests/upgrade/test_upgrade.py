@@ -28,7 +28,8 @@ from tracker import selectors, tokens
 from tracker.models import ApiToken, Deadline, Event, Membership, Project, Run
 from tracker.series import pack_floats, pack_steps, rollup
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# The new batch's forecast runs in-process, on the upgraded rows.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.eager]
 
 RELEASE = json.loads((Path(__file__).parent / "release_0_1.json").read_text())
 TARGETS = sorted(RELEASE["migrations"].items())
@@ -199,4 +200,5 @@ def test_it_upgrades_a_release_0_1_database_with_its_data_in_place(release_db: A
     assert api.status_code == 200 and api.json() == {"accepted": 10, "duplicate": False}
     run.refresh_from_db()
     assert (run.last_step, run.points_count) == (1009, 1010)
+    assert Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA, input_last_step=1009).exists()
     assert ApiToken.objects.get().last_used_at is not None
