@@ -47,7 +47,7 @@ def celery_eager(settings: DjangoSettings) -> Iterator[None]:
     celery_app.conf.task_always_eager = True
     # Load the forecasting stack now, as a worker does before forking, not inside the first
     # request of a live-server test that enqueues a forecast (seconds: a client times out).
-    from forecasting import services  # noqa: F401
+    from forecasting import compute, liveness  # noqa: F401
 
     yield
     celery_app.conf.task_always_eager = before

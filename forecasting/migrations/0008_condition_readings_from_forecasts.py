@@ -1,12 +1,14 @@
 """Move the hysteresis history out of the Forecast table: CONDITIONS rows kept their epoch second
 in `input_last_step` (a column whose name it was not) and their findings in `data`."""
 
+from typing import Any
+
 from django.db import migrations
 
 BATCH = 2_000
 
 
-def forward(apps, schema_editor):
+def forward(apps: Any, schema_editor: Any) -> None:
     Forecast = apps.get_model("forecasting", "Forecast")
     ConditionReading = apps.get_model("forecasting", "ConditionReading")
     rows = Forecast.objects.filter(kind="conditions").order_by("id")
@@ -32,7 +34,7 @@ def forward(apps, schema_editor):
         Forecast.objects.filter(id__in=[f.id for f in batch]).delete()
 
 
-def backward(apps, schema_editor):
+def backward(apps: Any, schema_editor: Any) -> None:
     Forecast = apps.get_model("forecasting", "Forecast")
     ConditionReading = apps.get_model("forecasting", "ConditionReading")
     rows = ConditionReading.objects.order_by("id")
