@@ -25,6 +25,7 @@ from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
+from forecasting.estimators import episodes
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
@@ -366,7 +367,7 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             .order_by("-created_at")
             .first()
         )
-        if recent is not None:
+        if recent is not None and not _escalates(event.flag, recent.flag):
             sent = f"{recent.created_at:%m-%d %H:%M} UTC"
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
         update = event.flag if event.event == Flag.State.UPDATED else None
@@ -429,6 +430,19 @@ def _said_this_episode(
         .order_by("-created_at", "-id")
         .first()
     )
+
+
+def _escalates(flag: Flag | None, said: Flag | None) -> bool:
+    """Whether a flag is a worse state than the one its rule last alerted: the cooldown holds
+    repeats, never a worsening (a loss spike that diverged, issue 22)."""
+    if flag is None or said is None:
+        return False
+    return episodes.worse(_episode_state(flag), _episode_state(said))
+
+
+def _episode_state(flag: Flag) -> str | None:
+    episode = flag.data.get("episode") if isinstance(flag.data, dict) else None
+    return episode.get("state") if isinstance(episode, dict) else None
 
 
 # Kinds whose flag severity orders how bad an update is: 1 - P(on time), the slip's seconds.

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from django.utils import timezone
 
-from forecasting import hysteresis, selectors
+from forecasting import episodes, hysteresis, selectors
 from forecasting.conditions import Condition, Reading
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
@@ -72,13 +72,17 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
         # Its last data may hold a NaN no forecast saw yet (a job that dies seconds after its
         # loss blew up): that is raised first, so the alert says why, then every flag closes.
         raised = final_events(run=run, now=now)
-        return raised + flags_close(run=run, reason=f"the run {run.status}", now=now)
+        last_words = _episode_endings(run=run, ended=str(run.status))
+        return raised + flags_close(
+            run=run, reason=f"the run {run.status}", now=now, resolutions=last_words
+        )
     if not run.is_active:
         return []  # a crash the sweeper inferred: its flags stay until the run speaks or ends
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
     conditions: list[Condition] = []
+    endings: dict[str, str] = {}
     kinds: tuple[str, ...] = FORECAST_FLAG_KINDS
     if progress_key is not None:
         raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
@@ -99,10 +103,11 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 conditions += _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
+                endings = episodes.resolutions(run=run, series=_thin_keep_nonfinite(series))
             conditions = _sustained(
                 run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
             )
-    return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now)
+    return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now, resolutions=endings)
 
 
 EVENT_KINDS = (Flag.Kind.NAN, Flag.Kind.SPIKE)
@@ -396,4 +401,15 @@ def _divergence_conditions(
         now=now.timestamp(),
         evaluation=key in EVALUATION_LOSS_KEYS,
     )
-    return [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
+    found = [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
+    return episodes.with_episodes(run=run, found=found, series=series, checkpoints=checkpoints)
+
+
+def _episode_endings(*, run: Run, ended: str | None = None) -> dict[str, str]:
+    """What the run's open loss episode says as it closes (recovered, or the run's end)."""
+    keys = tracker_selectors.series_keys(run=run)
+    loss_key = tracker_selectors.loss_key_for(keys)
+    if loss_key is None:
+        return {}
+    series = _thin_keep_nonfinite(tracker_selectors.series_load(run=run, key=loss_key))
+    return episodes.resolutions(run=run, series=series, ended=ended)

@@ -18,6 +18,7 @@ from django.db import transaction
 
 from forecasting import selectors
 from forecasting.conditions import Condition
+from forecasting.estimators import episodes
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag
 from forecasting.signals import flags_written
@@ -33,11 +34,13 @@ def flags_sync(
     now: datetime,
     reason: str | None = None,
     ended: bool = False,
+    resolutions: dict[str, str] | None = None,
 ) -> list[Flag]:
     """Write a Flag row for each change: raised, updated (onset moved) or resolved.
 
     Of the kinds in `kinds`, an open flag whose condition is absent resolves; `reason` says why,
-    when it is not that the condition cleared.
+    when it is not that the condition cleared, and `resolutions` what a kind's flag says as it
+    closes (a loss episode: how it ended against the run before it).
     """
     _lock(run)
     current = {c.kind: c for c in conditions}
@@ -55,17 +58,30 @@ def flags_sync(
             # read as the loss still being NaN in the very line that says it cleared.
             said = f"{kind} cleared (it said: {prev.explanation})"
             text = f"{kind} resolved: {reason}" if reason else said
-            data = {"reason": reason, "closed_by_run_end": ended} if reason else {}
+            data: dict[str, Any] = {"reason": reason, "closed_by_run_end": ended} if reason else {}
+            if resolutions and kind in resolutions:
+                text = resolutions[kind]
+                data["episode_end"] = text
             cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     _announce(written)
     return written
 
 
-def flags_close(*, run: Run, reason: str, now: datetime) -> list[Flag]:
+def flags_close(
+    *, run: Run, reason: str, now: datetime, resolutions: dict[str, str] | None = None
+) -> list[Flag]:
     """Resolve every open flag of a run with the reason (its end): ended runs are final."""
     kinds = tuple(Flag.Kind.values)
-    return flags_sync(run=run, conditions=[], kinds=kinds, now=now, reason=reason, ended=True)
+    return flags_sync(
+        run=run,
+        conditions=[],
+        kinds=kinds,
+        now=now,
+        reason=reason,
+        ended=True,
+        resolutions=resolutions,
+    )
 
 
 @transaction.atomic
@@ -107,6 +123,8 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         return True  # another rank is now the one everyone waits for
     if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
         return True
+    if episodes.worse(_episode_state(cond.data), _episode_state(prev.data)):
+        return True  # a loss episode got worse (spiking -> diverged): news whatever its onset
     if prev.onset_step == int_or_none(cond.onset_step):
         return False
     if "rollback_step" in prev.data or "rollback_step" in cond.data:
@@ -115,6 +133,11 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         # cooldown (21 messages for one regression in a stop-17 experiment).
         return prev.data.get("rollback_step") != cond.data.get("rollback_step")
     return True
+
+
+def _episode_state(data: dict[str, Any]) -> str | None:
+    episode = data.get("episode") if isinstance(data, dict) else None
+    return episode.get("state") if isinstance(episode, dict) else None
 
 
 def int_or_none(value: float | None) -> int | None:

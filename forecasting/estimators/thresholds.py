@@ -511,3 +511,21 @@ GPU_HANG_BUSY_FLOOR = 20.0
 # -- stragglers on the server (forecasting.stragglers) ------------------------------------------
 # Steps of every rank the detector reads (bounded in cells and rows by tracker.rank_timings).
 STRAGGLER_WINDOW_STEPS = 2_000
+
+# --- Loss episodes (estimators/episodes.py): a divergence judged against the run before it
+# The reference is the level of the points just before the onset, over the spike detector's own
+# baseline window: what "its recent level" meant when the episode began, never re-learned from
+# the diverged stretch (a trailing baseline absorbs a loss that settled 9x higher in 50 points).
+EPISODE_REFERENCE_POINTS = DIV_SPIKE_WINDOW
+# "Now" is the median of the last few points: one good batch inside a diverged stretch is not a
+# recovery, one bad batch after it is not a relapse.
+EPISODE_RECENT_POINTS = 5
+# Elevated: the recent level stands above the reference by more than its noise allows (z of the
+# difference of two medians) and by at least the spike detector's smallest ratio.
+EPISODE_BAND_Z = 3.0
+# Recovered: back inside the band for as many points as separate two alarms of one episode
+# (DIV_EPISODE_GAP_POINTS): a shorter calm inside a blow-up is the same episode.
+EPISODE_RECOVER_POINTS = DIV_EPISODE_GAP_POINTS
+# A spike still elevated this many points after its onset has diverged: the loss settled at a
+# new level rather than coming back.
+EPISODE_DIVERGED_POINTS = DIV_EPISODE_GAP_POINTS

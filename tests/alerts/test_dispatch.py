@@ -506,3 +506,32 @@ def test_flags_closed_by_the_run_end_say_nothing_more(run: Run, channels: Any) -
     resolved = Notification.objects.filter(event="resolved")
     assert resolved.count() == 2
     assert {n.status for n in resolved} == {S.SUPPRESSED}
+
+
+def test_a_loss_episode_that_gets_worse_goes_out_whatever_the_cooldown(
+    run: Run, channels: Any
+) -> None:
+    # Issue 22: a spike alerted, then (40 s later, inside the hour's cooldown) the loss settled
+    # nine times higher: the escalation to "diverged" must reach the lead; a repeat of the same
+    # state stays held.
+    t0 = timezone.now() - timedelta(minutes=10)
+    for seconds, state, episode in (
+        (0, "raised", "spiking"),
+        (40, "updated", "diverged"),
+        (80, "updated", "diverged"),
+    ):
+        flag_raise(
+            run,
+            "spike",
+            state=state,
+            data={"rollback_step": 2400.0, "episode": {"state": episode}},
+            created_at=t0 + timedelta(seconds=seconds),
+        )
+        services.flags_dispatch()
+        Notification.objects.filter(status=S.PENDING).update(status=S.SENT, tries=1)
+    got = list(
+        Notification.objects.filter(channel=channels[0])
+        .order_by("created_at")
+        .values_list("event", "status")
+    )
+    assert got == [("raised", S.SENT), ("updated", S.SENT), ("updated", S.SUPPRESSED)]

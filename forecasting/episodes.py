@@ -1,0 +1,160 @@
+"""Loss findings as episodes: one open flag from the onset until the loss is really back.
+
+The detectors report what the end of the curve shows now; this layer keeps what an episode
+said from its start (forecasting.estimators.episodes): its onset and the checkpoint before it
+stay fixed while it is open (a later blow-up joins it, never moving the rollback into the
+diverged stretch), a finding the detectors drop stays open while the loss stands above its
+pre-onset level, a spike that does not come back escalates to diverged in the same flag, and
+the flag resolves only on a sustained return, saying how long the episode lasted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from forecasting import selectors
+from forecasting.conditions import Condition
+from forecasting.estimators import episodes as ep
+from forecasting.models import Flag
+from tracker.models import Run
+from tracker.series import Series
+
+# Loss kinds an episode holds (a NaN is its own event: exact onset, nothing to re-learn).
+EPISODE_KINDS = tuple(k for k in Flag.DIVERGENCE_KINDS if k != Flag.Kind.NAN)
+
+
+def _reference(flag: Flag) -> ep.Reference | None:
+    episode = flag.data.get("episode") if isinstance(flag.data, dict) else None
+    return (
+        ep.Reference.from_dict(episode.get("reference", {})) if isinstance(episode, dict) else None
+    )
+
+
+def _open_episode(run: Run) -> tuple[dict[str, Flag], ep.Reference | None]:
+    flags = {k: f for k, f in selectors.flags_open(run=run).items() if k in EPISODE_KINDS}
+    refs = [r for r in map(_reference, flags.values()) if r is not None]
+    return flags, min(refs, key=lambda r: r.onset_step, default=None)
+
+
+def _rollback(checkpoints: list[float], onset: float) -> float | None:
+    # Strictly before, as the detectors say it: a checkpoint saved at the onset step already
+    # holds the update that blew up.
+    before = [c for c in checkpoints if c < onset]
+    return before[-1] if before else None
+
+
+def _text(ref: ep.Reference, j: ep.Judgement, rollback: float | None) -> str:
+    onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
+    if j.state == "diverged":
+        head = f"Loss diverged at step {onset} and has not come back: {j.ratio:.1f}x {before}."
+    elif j.state == "spiking":
+        head = f"Loss spiked at step {onset} to {j.ratio:.1f}x {before}; still elevated."
+    else:
+        since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
+        head = f"Loss blew up at step {onset} and is back near {before} since step {since}."
+    where = (
+        f" Last checkpoint before onset: step {rollback:,.0f}."
+        if rollback is not None
+        else " No checkpoint was logged before the onset."
+    )
+    return head + where
+
+
+def _as_episode(
+    cond: Condition, ref: ep.Reference, j: ep.Judgement, checkpoints: list[float]
+) -> Condition:
+    rollback = _rollback(checkpoints, ref.onset_step)
+    data: dict[str, Any] = {
+        **cond.data,
+        "onset_step": ref.onset_step,
+        "rollback_step": rollback,
+        "episode": {
+            "reference": ref.to_dict(),
+            "state": j.state,
+            "ratio": j.ratio,
+            "level": j.level_value,
+            "since_step": j.since_step,
+        },
+    }
+    return replace(cond, explanation=_text(ref, j, rollback), onset_step=ref.onset_step, data=data)
+
+
+def with_episodes(
+    *, run: Run, found: list[Condition], series: Series, checkpoints: list[float]
+) -> list[Condition]:
+    """The detectors' loss findings folded into the run's open episode, and the episode's open
+    flags kept while the loss has not come back (see the module's docstring)."""
+    open_flags, ref = _open_episode(run)
+    steps, values = series.steps.astype(float), series.values
+    out: list[Condition] = []
+    for cond in found:
+        if cond.kind not in EPISODE_KINDS or cond.onset_step is None:
+            out.append(cond)
+            continue
+        # A finding within an open episode joins it; one from before its onset starts it over.
+        if ref is None or cond.onset_step < ref.onset_step:
+            ref = ep.reference_before(steps, values, cond.onset_step) or ref
+        if ref is None:
+            out.append(cond)  # too little history before the onset to judge against
+            continue
+        j = ep.judge(steps, values, ref)
+        if j is None:
+            out.append(cond)
+            continue
+        # One flag per episode: the open one, whichever kind the detectors see now.
+        kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
+        out.append(_as_episode(replace(cond, kind=kind), ref, j, checkpoints))
+    reported = {c.kind for c in out}
+    for kind, prev in open_flags.items():
+        if kind in reported or ref is None:
+            continue
+        j = ep.judge(steps, values, ref)
+        if j is not None and j.state != "recovered":
+            cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
+            out.append(_as_episode(cond, ref, j, checkpoints))
+    return _one_per_kind(out)
+
+
+def _one_per_kind(conditions: list[Condition]) -> list[Condition]:
+    # Two findings folded into one episode flag: keep the first (the detectors list the most
+    # severe kinds first) with the worst state either saw.
+    out: dict[str, Condition] = {}
+    for cond in conditions:
+        have = out.get(cond.kind)
+        if have is None:
+            out[cond.kind] = cond
+        elif ep.worse(_state(cond), _state(have)):
+            out[cond.kind] = replace(cond)
+    return list(out.values())
+
+
+def _state(cond: Condition) -> str | None:
+    episode = cond.data.get("episode")
+    return episode.get("state") if isinstance(episode, dict) else None
+
+
+def resolutions(*, run: Run, series: Series, ended: str | None = None) -> dict[str, str]:
+    """What each open episode flag says when it closes: how it ended, against its reference."""
+    open_flags, ref = _open_episode(run)
+    if ref is None or not open_flags:
+        return {}
+    j = ep.judge(series.steps.astype(float), series.values, ref)
+    if j is None:
+        return {}
+    onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
+    if j.state == "recovered":
+        since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
+        lasted = (j.since_step or ref.onset_step) - ref.onset_step
+        text = (
+            f"Loss recovered from the blow-up at step {onset}: back at {before} since step"
+            f" {since}, {lasted:,.0f} steps after the onset."
+        )
+    elif ended is not None:
+        text = (
+            f"The run {ended} with its loss {j.ratio:.1f}x {before}: diverged at step {onset}"
+            " and never recovered."
+        )
+    else:
+        return {}
+    return dict.fromkeys(open_flags, text)

@@ -1,0 +1,122 @@
+"""A loss divergence as an episode, judged against the run as it was before the onset.
+
+The detectors (divergence.py) find a spike, a rise or a regression with trailing baselines: a
+loss that blew up and settled nine times higher becomes, fifty points later, the baseline itself,
+and the detectors fall silent while the run is still diverged. An episode keeps the reference of
+its onset (the level and noise of the points before it) and says, for the whole life of the
+finding, whether the loss is still above that reference (spiking, then diverged), back inside it
+but not for long (recovering), or back for a sustained stretch (recovered).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from forecasting.estimators import thresholds as th
+from forecasting.estimators.divergence import to_log
+from forecasting.estimators.jsonable import as_json
+from forecasting.estimators.smoothing import keep_latest
+
+# Worse states rank higher: an episode that moves up this order is news (forecasting.flags).
+STATES = ("recovered", "recovering", "spiking", "diverged")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The run before the onset: its log-loss level and the noise of one point about it."""
+
+    onset_step: float
+    level: float
+    noise: float
+    value: float  # the level as a loss, for messages
+    points: int
+
+    def to_dict(self) -> dict[str, object]:
+        return as_json(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Reference | None:
+        try:
+            return cls(
+                onset_step=float(data["onset_step"]),  # type: ignore[arg-type]
+                level=float(data["level"]),  # type: ignore[arg-type]
+                noise=float(data["noise"]),  # type: ignore[arg-type]
+                value=float(data["value"]),  # type: ignore[arg-type]
+                points=int(data["points"]),  # type: ignore[call-overload]
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def band(self) -> float:
+        """How far (log) the recent level may stand above the reference and still be it."""
+        k = th.EPISODE_RECENT_POINTS
+        # A median of k points has ~1.25 sigma / sqrt(k) of noise; two such levels differ by
+        # sqrt(2) of it (the reference's own median is of more points: this is conservative).
+        level_noise = 1.2533 * self.noise / math.sqrt(k) * math.sqrt(2.0)
+        return max(math.log(th.DIV_SPIKE_MIN_RATIO), th.EPISODE_BAND_Z * level_noise)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    state: str  # one of STATES
+    ratio: float  # the recent level over the reference's
+    level_value: float  # the recent level as a loss
+    since_step: float | None  # recovering/recovered: back inside the band since this step
+    points_since_onset: int
+
+
+def _clean(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(steps, dtype=float).ravel()
+    v = np.asarray(values, dtype=float).ravel()
+    keep = keep_latest(s)
+    s, v = s[keep], v[keep]
+    finite = np.isfinite(v)
+    return s[finite], to_log(v[finite]) if finite.any() else v[finite]
+
+
+def reference_before(steps: np.ndarray, values: np.ndarray, onset_step: float) -> Reference | None:
+    """The level and noise of the EPISODE_REFERENCE_POINTS finite points before the onset."""
+    s, y = _clean(steps, values)
+    before = y[s < onset_step][-th.EPISODE_REFERENCE_POINTS :]
+    if before.size < th.DIV_MIN_POINTS:
+        return None
+    level = float(np.median(before))
+    d = np.diff(before)
+    # Robust sd of one point from its differences (a loss's downward trend barely moves them).
+    noise = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0)
+    noise = max(noise, th.DIV_SCALE_FLOOR)
+    return Reference(onset_step, level, noise, float(math.exp(level)), int(before.size))
+
+
+def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | None:
+    """Where the loss stands against the reference, from the points at and after the onset."""
+    s, y = _clean(steps, values)
+    after = s >= ref.onset_step
+    s, y = s[after], y[after]
+    if s.size == 0:
+        return None
+    k = th.EPISODE_RECENT_POINTS
+    recent = pd.Series(y).rolling(k, min_periods=1).median().to_numpy()
+    inside = recent - ref.level < ref.band()
+    level = float(recent[-1])
+    ratio = float(math.exp(level - ref.level))
+    if not inside[-1]:
+        state = "diverged" if s.size >= th.EPISODE_DIVERGED_POINTS else "spiking"
+        return Judgement(state, ratio, float(math.exp(level)), None, int(s.size))
+    # Back inside since the point after the last one outside (or since the onset).
+    outside = np.flatnonzero(~inside)
+    first_in = int(outside[-1]) + 1 if outside.size else 0
+    held = s.size - first_in
+    state = "recovered" if held >= th.EPISODE_RECOVER_POINTS else "recovering"
+    return Judgement(state, ratio, float(math.exp(level)), float(s[first_in]), int(s.size))
+
+
+def worse(a: str | None, b: str | None) -> bool:
+    """Whether state a is worse than state b (unknown states are neither)."""
+    if a not in STATES or b not in STATES:
+        return False
+    return STATES.index(a) > STATES.index(b)

@@ -1,0 +1,108 @@
+"""Loss divergences as episodes, on the real database: the blow-up of an LR x100 jump that
+settles nine times higher (issue 22), replayed point by point with a forecast every few steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forecasting import compute
+from forecasting.estimators import episodes as ep
+from forecasting.models import Flag
+from tests.forecasting.test_services import T0, at, make_run
+from tracker.services import EventIn, SeriesIn, batch_ingest
+
+pytestmark = pytest.mark.django_db
+
+ONSET = 2500
+LOSS_KINDS = tuple(k for k in Flag.DIVERGENCE_KINDS)
+
+
+def blown_up(steps: np.ndarray, *, settle: float = 3.3, recover: bool = False) -> np.ndarray:
+    """0.37 before the jump; ~80 for a few steps, then settled at `settle` (or back to ~0.37)."""
+    rng = np.random.default_rng(7)
+    base = 0.37 * (1 + 0.5 * np.exp(-steps / 400)) * np.exp(rng.normal(0, 0.02, steps.size))
+    after = steps >= ONSET
+    level = np.where(steps < ONSET + 15, 80.0, 0.37 if recover else settle)
+    return np.where(after, level * np.exp(rng.normal(0, 0.03, steps.size)), base)
+
+
+def replay(run, steps: np.ndarray, loss: np.ndarray, *, every: int = 20) -> list[set[str]]:
+    """Log `every` points per batch (checkpoints every 100 steps) and forecast after each;
+    return the open loss flags' kinds after each forecast."""
+    seen = []
+    for seq, lo in enumerate(range(0, steps.size, every), start=1):
+        s = steps[lo : lo + every]
+        events = [
+            EventIn("checkpoint", int(c), at(float(c)), {"path": f"ckpt/{c}"})
+            for c in s
+            if c % 100 == 0 and c > 0
+        ]
+        series = [SeriesIn("loss", s, loss[lo : lo + every], T0 + s.astype(float))]
+        batch_ingest(run=run, session="s1", seq=seq, series=series, events=events, heartbeat=None)
+        compute.forecast_compute(run_id=run.pk, now=at(float(s[-1]) + 1))
+        seen.append(_open_loss_kinds(run))
+    return seen
+
+
+def _open_loss_kinds(run) -> set[str]:
+    from forecasting import selectors
+
+    return {k for k in selectors.flags_open(run=run) if k in LOSS_KINDS}
+
+
+def test_the_reference_is_the_run_before_the_onset_not_the_diverged_stretch():
+    steps = np.arange(3000)
+    loss = blown_up(steps)
+    ref = ep.reference_before(steps, loss, ONSET)
+    assert ref is not None and ref.value == pytest.approx(0.37, rel=0.05)
+    j = ep.judge(steps, loss, ref)
+    assert j is not None and j.state == "diverged" and j.ratio == pytest.approx(3.3 / 0.37, rel=0.1)
+    back = ep.judge(steps, blown_up(steps, recover=True), ref)
+    # Back from the third good point on: the recent level is a median of five.
+    assert back is not None and back.state == "recovered" and back.since_step == ONSET + 17
+    spiking = ep.judge(steps[: ONSET + 10], loss[: ONSET + 10], ref)
+    assert spiking is not None and spiking.state == "spiking"
+    coming = ep.judge(steps[: ONSET + 25], blown_up(steps, recover=True)[: ONSET + 25], ref)
+    assert coming is not None and coming.state == "recovering"
+
+
+def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project):
+    run = make_run(project, total=6000)
+    steps = np.arange(4000)
+    seen = replay(run, steps, blown_up(steps))
+    first = next(i for i, kinds in enumerate(seen) if kinds)
+    assert first * 20 <= ONSET + 40  # detected within two batches of the jump
+    # Never shown healthy while diverged: a loss flag is open after every forecast from then on.
+    assert all(seen[first:])
+    rows = list(Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("created_at", "id"))
+    # One episode: one raise, escalated in the same flag, never resolved and raised again.
+    assert [r.state for r in rows].count("raised") == 1
+    assert "resolved" not in [r.state for r in rows]
+    # Every row of the episode advises the checkpoint before the onset, never one inside it.
+    assert {r.data.get("rollback_step") for r in rows} == {2400.0}
+    assert {r.onset_step for r in rows} <= {ONSET, ONSET - 1}
+    assert rows[-1].data["episode"]["state"] == "diverged"
+    assert "has not come back" in rows[-1].explanation
+
+    # The run ends still diverged: the record says so.
+    from django.utils import timezone
+
+    from tracker.models import Run
+
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+    compute.forecast_compute(run_id=run.pk, now=at(4100))
+    closed = Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("-created_at", "-id")[0]
+    assert closed.state == "resolved" and "never recovered" in closed.explanation
+    assert closed.data["closed_by_run_end"] is True
+
+
+def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(project):
+    run = make_run(project, total=6000)
+    steps = np.arange(3200)
+    seen = replay(run, steps, blown_up(steps, recover=True))
+    assert any(seen) and not seen[-1]  # raised, then closed
+    rows = list(Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("created_at", "id"))
+    assert [r.state for r in rows].count("raised") == 1
+    resolved = [r for r in rows if r.state == "resolved"]
+    assert len(resolved) == 1 and "recovered from the blow-up at step" in resolved[0].explanation
