@@ -62,7 +62,40 @@ def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
         if (cost := _num(data, "cost")) is not None
         else None,
         "layers_first": ", ".join(str(x) for x in data.get("layers_first") or [])[:200],
+        **_episode_context(data),
     }
+
+
+def _episode_context(data: dict[str, Any]) -> dict[str, Any]:
+    """A loss episode's state against the run before its onset (forecasting.episodes)."""
+    episode = data.get("episode")
+    if not isinstance(episode, dict):
+        return {}
+    ratio = _num(episode, "ratio")
+    reference = episode.get("reference")
+    before = _num(reference, "value") if isinstance(reference, dict) else None
+    return {
+        "state": episode.get("state"),
+        "ratio": f"{ratio:.1f}x" if ratio is not None else None,
+        "before": f"{before:.4g}" if before is not None else None,
+    }
+
+
+def _end_episode(run: Run) -> str | None:
+    """What the run's loss episode was when the run ended, if one was still open then."""
+    closed = (
+        Flag.objects.filter(
+            run=run,
+            kind__in=Flag.DIVERGENCE_KINDS,
+            state=Flag.State.RESOLVED,
+            data__closed_by_run_end=True,
+            data__has_key="episode_end",
+        )
+        .order_by("-created_at", "-id")
+        .values_list("onset_step", flat=True)
+        .first()
+    )
+    return None if closed is None else f"diverged at step {fmt.steps(closed)}, not recovered"
 
 
 def _p50_history(run: Run, at: datetime) -> tuple[float | None, float | None]:
@@ -162,6 +195,7 @@ def _end_context(run: Run) -> dict[str, Any]:
         "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
         "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
         "duration": fmt.span(duration) if duration is not None else None,
+        "episode": _end_episode(run),
     }
 
 

@@ -95,6 +95,12 @@ def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project):
     closed = Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("-created_at", "-id")[0]
     assert closed.state == "resolved" and "never recovered" in closed.explanation
     assert closed.data["closed_by_run_end"] is True
+    # ... and so does the end-of-run message the lead gets.
+    from alerts.messages import context_for, render
+
+    run.refresh_from_db()
+    ctx = context_for(run=run, kind="finished", event="ended", severity="info", flag=None, at=at(0))
+    assert render(ctx, {}).headline.endswith("— diverged at step 2,500, not recovered")
 
 
 def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(project):
