@@ -18,6 +18,7 @@ from forecasting.board import Board, RunView, board_arrange, board_deadlines, bo
 from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
+    episode_at_end,
     eta_history,
     eta_history_rebuilt,
     flag_history,
@@ -65,6 +66,8 @@ class RunPage:
     # An ended run's (step, loss) at its end: it has no forecast any more, and "healthy" alone
     # did not say what it reached.
     final_loss: tuple[float, float] | None = None
+    # What its loss episode said when the run ended inside one ("... never recovered").
+    episode_end: str | None = None
 
     @property
     def other_key(self) -> str | None:
@@ -81,8 +84,10 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     history = list(flag_history(run=run, limit=100))
     loss_key = loss_key_for(keys)
     final = None
+    ending = None
     if loss_key is not None and not outlook.run.is_active:
         final = series_last(run=run, key=loss_key)
+        ending = episode_at_end(run=run)
     return RunPage(
         outlook=outlook,
         flag_history=history,
@@ -90,6 +95,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         keys=keys,
         has_ranks=rank_timings.has_rank_timings(run=run),
         final_loss=final,
+        episode_end=ending,
     )
 
 

@@ -217,3 +217,20 @@ def kinds_resolved_since(*, run: Run, since: datetime) -> frozenset[str]:
             "kind", flat=True
         )
     )
+
+
+def episode_at_end(*, run: Run) -> str | None:
+    """What the loss episode a run ended inside said as the run closed it (forecasting.episodes),
+    or None: the record of a divergence outlives the run."""
+    return (
+        Flag.objects.filter(
+            run=run,
+            kind__in=Flag.DIVERGENCE_KINDS,
+            state=Flag.State.RESOLVED,
+            data__closed_by_run_end=True,
+            data__has_key="episode_end",
+        )
+        .order_by("-created_at", "-id")
+        .values_list("explanation", flat=True)
+        .first()
+    )

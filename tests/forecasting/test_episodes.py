@@ -67,7 +67,7 @@ def test_the_reference_is_the_run_before_the_onset_not_the_diverged_stretch():
     assert coming is not None and coming.state == "recovering"
 
 
-def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project):
+def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project, client, member):
     run = make_run(project, total=6000)
     steps = np.arange(4000)
     seen = replay(run, steps, blown_up(steps))
@@ -101,6 +101,11 @@ def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project):
     run.refresh_from_db()
     ctx = context_for(run=run, kind="finished", event="ended", severity="info", flag=None, at=at(0))
     assert render(ctx, {}).headline.endswith("— diverged at step 2,500, not recovered")
+    # ... and the run's page: its loss card, not "healthy".
+    client.force_login(member)
+    page = client.get(f"/runs/{run.project.slug}/{run.public_id}/").content.decode()
+    card = page[page.index("<h4>Loss") :][:600]
+    assert '<div class="big">diverged</div>' in card and "never recovered" in card
 
 
 def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(project):
