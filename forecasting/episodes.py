@@ -13,9 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from forecasting import selectors
 from forecasting.conditions import Condition
 from forecasting.estimators import episodes as ep
+from forecasting.estimators.divergence import GRAD_NORM_PREFIX
+from forecasting.estimators.formatting import money, span
 from forecasting.models import Flag
 from tracker.models import Run
 from tracker.series import Series
@@ -44,7 +48,9 @@ def _rollback(checkpoints: list[float], onset: float) -> float | None:
     return before[-1] if before else None
 
 
-def _text(ref: ep.Reference, j: ep.Judgement, rollback: float | None) -> str:
+def _text(
+    ref: ep.Reference, j: ep.Judgement, rollback: float | None, data: dict[str, Any], run: Run
+) -> str:
     onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
     if j.state == "diverged":
         head = f"Loss diverged at step {onset} and has not come back: {j.ratio:.1f}x {before}."
@@ -53,20 +59,34 @@ def _text(ref: ep.Reference, j: ep.Judgement, rollback: float | None) -> str:
     else:
         since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
         head = f"Loss blew up at step {onset} and is back near {before} since step {since}."
+    wasted = data.get("wasted_s")
+    cost = data.get("cost")
+    spent = ""
+    if isinstance(wasted, int | float):
+        price = f", about {money(cost, run.project.currency)} in GPU cost" if cost else ""
+        spent = f" {span(wasted)} of training since onset{price}."
     where = (
         f" Last checkpoint before onset: step {rollback:,.0f}."
         if rollback is not None
         else " No checkpoint was logged before the onset."
     )
-    return head + where
+    layers = data.get("layers_first") or []
+    moved = ", ".join(str(x).removeprefix(GRAD_NORM_PREFIX) for x in layers)
+    return head + spent + where + (f" Gradient norms moved first in {moved}." if moved else "")
 
 
 def _as_episode(
-    cond: Condition, ref: ep.Reference, j: ep.Judgement, checkpoints: list[float]
+    cond: Condition,
+    ref: ep.Reference,
+    j: ep.Judgement,
+    checkpoints: list[float],
+    clock: tuple[Series, Run],
 ) -> Condition:
+    series, run = clock
     rollback = _rollback(checkpoints, ref.onset_step)
     data: dict[str, Any] = {
         **cond.data,
+        **_spent_since(series, run, ref.onset_step),
         "onset_step": ref.onset_step,
         "rollback_step": rollback,
         "episode": {
@@ -77,7 +97,22 @@ def _as_episode(
             "since_step": j.since_step,
         },
     }
-    return replace(cond, explanation=_text(ref, j, rollback), onset_step=ref.onset_step, data=data)
+    text = _text(ref, j, rollback, data, run)
+    return replace(cond, explanation=text, onset_step=ref.onset_step, data=data)
+
+
+def _spent_since(series: Series, run: Run, onset: float) -> dict[str, float]:
+    """The training time and GPU cost since the episode's onset, to the run's last point."""
+    ok = np.isfinite(series.times)
+    if not ok.any():
+        return {}
+    steps, times = series.steps[ok].astype(float), series.times[ok]
+    wasted = max(0.0, float(times[-1]) - float(np.interp(onset, steps, times)))
+    out = {"wasted_s": wasted}
+    price = run.project.gpu_hour_price
+    if run.world_size and price is not None:
+        out["cost"] = wasted / 3600.0 * run.world_size * float(price)
+    return out
 
 
 def with_episodes(
@@ -104,7 +139,7 @@ def with_episodes(
             continue
         # One flag per episode: the open one, whichever kind the detectors see now.
         kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
-        out.append(_as_episode(replace(cond, kind=kind), ref, j, checkpoints))
+        out.append(_as_episode(replace(cond, kind=kind), ref, j, checkpoints, (series, run)))
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():
         if kind in reported or ref is None:
@@ -112,7 +147,7 @@ def with_episodes(
         j = ep.judge(steps, values, ref)
         if j is not None and j.state != "recovered":
             cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
-            out.append(_as_episode(cond, ref, j, checkpoints))
+            out.append(_as_episode(cond, ref, j, checkpoints, (series, run)))
     return _one_per_kind(out)
 
 
