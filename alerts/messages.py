@@ -18,6 +18,7 @@ from alerts.models import Notification
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
+from forecasting.selectors import episode_at_end
 from tracker.links import run_url
 from tracker.models import Run
 
@@ -83,19 +84,10 @@ def _episode_context(data: dict[str, Any]) -> dict[str, Any]:
 
 def _end_episode(run: Run) -> str | None:
     """What the run's loss episode was when the run ended, if one was still open then."""
-    closed = (
-        Flag.objects.filter(
-            run=run,
-            kind__in=Flag.DIVERGENCE_KINDS,
-            state=Flag.State.RESOLVED,
-            data__closed_by_run_end=True,
-            data__has_key="episode_end",
-        )
-        .order_by("-created_at", "-id")
-        .values_list("onset_step", flat=True)
-        .first()
-    )
-    return None if closed is None else f"diverged at step {fmt.steps(closed)}, not recovered"
+    closed = episode_at_end(run=run)
+    if closed is None or closed.onset_step is None:
+        return None
+    return f"diverged at step {fmt.steps(closed.onset_step)}, not recovered"
 
 
 def _p50_history(run: Run, at: datetime) -> tuple[float | None, float | None]:

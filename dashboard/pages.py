@@ -87,7 +87,8 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     ending = None
     if loss_key is not None and not outlook.run.is_active:
         final = series_last(run=run, key=loss_key)
-        ending = episode_at_end(run=run)
+        closed = episode_at_end(run=run)
+        ending = closed.explanation if closed is not None else None
     return RunPage(
         outlook=outlook,
         flag_history=history,

@@ -219,9 +219,10 @@ def kinds_resolved_since(*, run: Run, since: datetime) -> frozenset[str]:
     )
 
 
-def episode_at_end(*, run: Run) -> str | None:
-    """What the loss episode a run ended inside said as the run closed it (forecasting.episodes),
-    or None: the record of a divergence outlives the run."""
+def episode_at_end(*, run: Run) -> Flag | None:
+    """The row that closed the loss episode a run ended inside (forecasting.episodes: its
+    explanation says how it stood, "... never recovered"), or None: the record of a divergence
+    outlives the run."""
     return (
         Flag.objects.filter(
             run=run,
@@ -231,6 +232,5 @@ def episode_at_end(*, run: Run) -> str | None:
             data__has_key="episode_end",
         )
         .order_by("-created_at", "-id")
-        .values_list("explanation", flat=True)
         .first()
     )
