@@ -25,7 +25,7 @@ from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
-from forecasting.estimators import episodes
+from forecasting.estimators import episode_states
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
@@ -437,7 +437,7 @@ def _escalates(flag: Flag | None, said: Flag | None) -> bool:
     repeats, never a worsening (a loss spike that diverged, issue 22)."""
     if flag is None or said is None:
         return False
-    return episodes.worse(_episode_state(flag), _episode_state(said))
+    return episode_states.worse(_episode_state(flag), _episode_state(said))
 
 
 def _episode_state(flag: Flag) -> str | None:

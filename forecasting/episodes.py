@@ -17,6 +17,7 @@ import numpy as np
 
 from forecasting import selectors
 from forecasting.conditions import Condition
+from forecasting.estimators import episode_states
 from forecasting.estimators import episodes as ep
 from forecasting.estimators.divergence import GRAD_NORM_PREFIX
 from forecasting.estimators.formatting import money, span
@@ -159,7 +160,7 @@ def _one_per_kind(conditions: list[Condition]) -> list[Condition]:
         have = out.get(cond.kind)
         if have is None:
             out[cond.kind] = cond
-        elif ep.worse(_state(cond), _state(have)):
+        elif episode_states.worse(_state(cond), _state(have)):
             out[cond.kind] = replace(cond)
     return list(out.values())
 

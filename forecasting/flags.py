@@ -18,7 +18,7 @@ from django.db import transaction
 
 from forecasting import selectors
 from forecasting.conditions import Condition
-from forecasting.estimators import episodes
+from forecasting.estimators import episode_states
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag
 from forecasting.signals import flags_written
@@ -123,7 +123,7 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         return True  # another rank is now the one everyone waits for
     if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
         return True
-    if episodes.worse(_episode_state(cond.data), _episode_state(prev.data)):
+    if episode_states.worse(_episode_state(cond.data), _episode_state(prev.data)):
         return True  # a loss episode got worse (spiking -> diverged): news whatever its onset
     if prev.onset_step == int_or_none(cond.onset_step):
         return False

@@ -21,9 +21,6 @@ from forecasting.estimators.divergence import to_log
 from forecasting.estimators.jsonable import as_json
 from forecasting.estimators.smoothing import keep_latest
 
-# Worse states rank higher: an episode that moves up this order is news (forecasting.flags).
-STATES = ("recovered", "recovering", "spiking", "diverged")
-
 
 @dataclass(frozen=True)
 class Reference:
@@ -62,7 +59,7 @@ class Reference:
 
 @dataclass(frozen=True)
 class Judgement:
-    state: str  # one of STATES
+    state: str  # one of episode_states.STATES
     ratio: float  # the recent level over the reference's
     level_value: float  # the recent level as a loss
     since_step: float | None  # recovering/recovered: back inside the band since this step
@@ -113,10 +110,3 @@ def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | 
     held = s.size - first_in
     state = "recovered" if held >= th.EPISODE_RECOVER_POINTS else "recovering"
     return Judgement(state, ratio, float(math.exp(level)), float(s[first_in]), int(s.size))
-
-
-def worse(a: str | None, b: str | None) -> bool:
-    """Whether state a is worse than state b (unknown states are neither)."""
-    if a not in STATES or b not in STATES:
-        return False
-    return STATES.index(a) > STATES.index(b)
