@@ -287,11 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         help="only scenarios whose name contains one of these (comma-separated)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="trainings at once")
+    parser.add_argument(
+        "--relabel", action="store_true", help="train nothing: rewrite INDEX.csv and EVENTS.csv"
+    )
     args = parser.parse_args(argv)
     chosen = [
         replace(sc, seed=sc.seed + args.seed)
         for sc in SCENARIOS
-        if not args.only or any(part in sc.name for part in args.only.split(","))
+        if not args.relabel
+        and (not args.only or any(part in sc.name for part in args.only.split(",")))
     ]
     began = time.perf_counter()
     work = [(sc, args.steps) for sc in chosen]

@@ -6,8 +6,9 @@ Defined on the logged train loss alone, so any curve set can be labelled the sam
   their BAND_QUANTILE quantile;
 - it left the band at the first logged step at or after the onset whose loss is not finite or
   above DEPART_FACTOR x the top (a clear excursion, not a noisy point);
-- recovered at the first logged step r after it left from which, over the next SUSTAIN_STEPS
-  steps, every logged loss is finite and at least SUSTAIN_SHARE of them lie at or under the top;
+- recovered at the first logged step r after it left whose loss is at or under the top and from
+  which, over the next SUSTAIN_STEPS steps, every logged loss is finite and at least
+  SUSTAIN_SHARE of them lie at or under the top;
 - never, when it never left (no recovery to speak of) or no such r leaves SUSTAIN_STEPS of run
   after it.
 """
@@ -37,7 +38,7 @@ def recovered_step(steps: np.ndarray, loss: np.ndarray, onset: float) -> float |
         return None
     left = steps[np.argmax(out)]
     last = steps[-1]
-    for i in np.flatnonzero(steps > left):
+    for i in np.flatnonzero((steps > left) & (loss <= top)):
         if steps[i] + SUSTAIN_STEPS > last:
             return None
         window = loss[(steps >= steps[i]) & (steps < steps[i] + SUSTAIN_STEPS)]
