@@ -16,8 +16,9 @@ the recovery or the run's end (a missed episode: all of onset to recovery or end
 rollback step the episode's flags advised is at or before the onset; whether the state at the
 last replayed point is right (a divergence flag open iff the episode has not recovered; the
 closing of every flag by the run's end is not counted); and the divergence-kind notifications
-sent from the onset on (raised, updated, resolved; held by the cooldown: not sent). The healthy
-runs replayed untouched give the false alerts, counted as bench/flagstream.py counts them.
+sent from the onset on (raised, updated, resolved), and the raises and updates the alert gate
+held (a cooldown, or "no worse than" the alert already sent). The healthy runs replayed
+untouched give the false alerts, counted as bench/flagstream.py counts them.
 
 A run with no checkpoint events is given one every 2% of its steps (data.CHECKPOINT_SHARE), so the
 rollback can be scored on any set. The last line with --json is one JSON object.

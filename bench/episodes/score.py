@@ -27,7 +27,7 @@ class FlagRow:
     rollback_step: float | None
     closed_by_end: bool  # resolved because the run ended: not the state at its last point
     sent: int  # notifications of this row sent
-    held: int  # notifications of this row not sent (the cooldown)
+    held: int  # notifications of this row not sent (the cooldown, or "no worse than" the last)
 
 
 @dataclass
@@ -147,7 +147,7 @@ def episode_summary(eps: list[Scored]) -> dict[str, Any]:
         "rollback_scored": sum(e.rollback_ok is not None for e in eps),
         "end_state_correct_share": _share([e.end_state_correct for e in eps]),
         "messages_per_episode": _stats([float(e.messages) for e in eps]),
-        "escalations_held_by_cooldown": sum(e.held for e in eps),
+        "raises_or_updates_not_sent": sum(e.held for e in eps),
     }
 
 
