@@ -180,9 +180,11 @@ def summarise(scored: list[Scored], skipped: int) -> dict[str, Any]:
     eps = [s for s in scored if s.episode is not None]
     healthy = [s for s in scored if s.episode is None]
     by: dict[str, list[Scored]] = defaultdict(list)
+    origin: dict[str, list[Scored]] = {"documented": [], "injected": []}
     for e in eps:
         assert e.episode is not None
         by[e.episode.scenario].append(e)
+        origin.setdefault(e.episode.scenario.split(":")[0], []).append(e)
     return {
         **episode_summary(eps),
         "healthy_runs": len(healthy),
@@ -190,6 +192,7 @@ def summarise(scored: list[Scored], skipped: int) -> dict[str, Any]:
         "healthy_end_state_correct_share": _share([r.end_state_correct for r in healthy]),
         **false_alert_rates(healthy),
         "skipped_runs": skipped,
+        "by_origin": {k: episode_summary(v) for k, v in origin.items()},
         "by_scenario": {k: episode_summary(v) for k, v in sorted(by.items())},
     }
 
