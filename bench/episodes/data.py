@@ -76,8 +76,12 @@ def _t_at(rows: list[Row], step: float) -> float:
 def inject_episode(rows: list[Row], shape: str, rng: random.Random) -> tuple[list[Row], Episode]:
     """A copy of a healthy run with one episode of `shape` from a point of its middle, into
     every loss it logs (a diverged model's validation loss moves too)."""
-    end = rows[-1].t
-    i0 = next(i for i, r in enumerate(rows) if r.t >= rng.uniform(0.3, 0.7) * end)
+    cut = rng.uniform(0.3, 0.7) * rows[-1].t
+    # At a logged loss (the one the server reads: the train loss when there is one): a row
+    # with only a timing would put the onset before any point could show it.
+    main = "loss" if any(r.loss is not None for r in rows) else "val"
+    logged = [i for i, r in enumerate(rows) if getattr(r, main) is not None]
+    i0 = next((i for i in logged if rows[i].t >= cut), logged[-1])
     at = rows[i0]
     out = [Row(r.step, r.t, r.loss, r.val) for r in rows]
     span = max(1.0, float(rows[-1].step - at.step))

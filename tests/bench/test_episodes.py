@@ -164,3 +164,11 @@ def test_a_documented_nan_replayed_through_the_pipeline(tmp_path: Path) -> None:
     assert out["end_state_correct_share"] == 1.0
     assert out["healthy_runs"] == 1 and out["false_alerts"] == 0
     assert out["by_scenario"]["documented:nan"]["episodes"] == 1
+
+
+def test_an_injected_onset_is_a_row_that_logs_the_loss() -> None:
+    # Timing rows without a loss between the logged ones: the onset must be one a point shows.
+    rows = [Row(s, float(s), 2.0 if s % 50 == 0 else None, None) for s in range(0, 2000, 5)]
+    for seed in range(5):
+        _, ep = inject_episode(rows, "nan", random.Random(seed))
+        assert ep.onset_step % 50 == 0
