@@ -128,15 +128,15 @@ def with_episodes(
         if cond.kind not in EPISODE_KINDS or cond.onset_step is None:
             out.append(cond)
             continue
-        # A finding within an open episode joins it; one from before its onset starts it over.
-        if ref is None or cond.onset_step < ref.onset_step:
-            ref = ep.reference_before(steps, values, cond.onset_step) or ref
-        if ref is None:
+        ref = _reference_for(cond.onset_step, ref, steps, values)
+        j = ep.judge(steps, values, ref) if ref is not None else None
+        if ref is None or j is None:
             out.append(cond)  # too little history before the onset to judge against
             continue
-        j = ep.judge(steps, values, ref)
-        if j is None:
-            out.append(cond)
+        if j.state == "recovered" and (open_flags or _said(run, ref)):
+            # The episode is over: the detectors keep a spike "back to normal" in view for
+            # 200 points, and the flag they raised stayed open with the loss long back (or,
+            # once closed, came back as new).
             continue
         # One flag per episode: the open one, whichever kind the detectors see now.
         kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
@@ -150,6 +150,26 @@ def with_episodes(
             cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
             out.append(_as_episode(cond, ref, j, checkpoints, (series, run)))
     return _one_per_kind(out)
+
+
+def _said(run: Run, ref: ep.Reference) -> bool:
+    """Whether a flag already told of the episode that began at this reference's onset."""
+    onset = int(ref.onset_step)
+    return selectors.flag_exists(run=run, kinds=EPISODE_KINDS, onset_step=onset)
+
+
+def _reference_for(
+    onset: float, ref: ep.Reference | None, steps: np.ndarray, values: np.ndarray
+) -> ep.Reference | None:
+    """The open episode's reference for a finding that joins it; a fresh one for a finding
+    from before its onset (the estimate moved earlier) or after it had recovered (a new
+    episode)."""
+    if ref is not None and onset >= ref.onset_step:
+        j = ep.judge(steps, values, ref)
+        over = j is not None and j.state == "recovered" and onset >= (j.since_step or onset)
+        if not over:
+            return ref
+    return ep.reference_before(steps, values, onset) or ref
 
 
 def _one_per_kind(conditions: list[Condition]) -> list[Condition]:

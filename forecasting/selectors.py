@@ -234,3 +234,8 @@ def episode_at_end(*, run: Run) -> Flag | None:
         .order_by("-created_at", "-id")
         .first()
     )
+
+
+def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_step: int) -> bool:
+    # The (run, kind, created_at) index narrows it to the run's few rows of these kinds.
+    return Flag.objects.filter(run=run, kind__in=kinds, onset_step=onset_step).exists()
