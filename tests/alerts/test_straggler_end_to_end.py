@@ -37,6 +37,8 @@ def wait_for(check: Any, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+# Its alerts are dispatched and delivered by the tasks the flag's writer enqueues, in-process.
+@pytest.mark.eager
 def test_a_slow_rank_of_a_torchrun_job_shows_on_the_run_page_and_alerts_once(
     live_server: Any,
     mailbox: Mailbox,
