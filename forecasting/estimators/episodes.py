@@ -101,12 +101,23 @@ def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | 
     inside = recent - ref.level < ref.band()
     level = float(recent[-1])
     ratio = float(math.exp(level - ref.level))
-    if not inside[-1]:
-        state = "diverged" if s.size >= th.EPISODE_DIVERGED_POINTS else "spiking"
-        return Judgement(state, ratio, float(math.exp(level)), None, int(s.size))
     # Back inside since the point after the last one outside (or since the onset).
     outside = np.flatnonzero(~inside)
     first_in = int(outside[-1]) + 1 if outside.size else 0
+    if not inside[-1] or _swinging(y[first_in:], ref):
+        state = "diverged" if s.size >= th.EPISODE_DIVERGED_POINTS else "spiking"
+        return Judgement(state, ratio, float(math.exp(level)), None, int(s.size))
     held = s.size - first_in
     state = "recovered" if held >= th.EPISODE_RECOVER_POINTS else "recovering"
     return Judgement(state, ratio, float(math.exp(level)), float(s[first_in]), int(s.size))
+
+
+def _swinging(back: np.ndarray, ref: Reference) -> bool:
+    """Whether the points since the level came back scatter wider than the reference's noise
+    allows: an oscillation swings about the old level, its median back and its swings not."""
+    tail = back[-th.EPISODE_RECOVER_POINTS :]
+    if tail.size < th.EPISODE_RECENT_POINTS:
+        return False
+    q75, q25 = np.percentile(tail, [75, 25])
+    spread = float(q75 - q25) / 1.349  # a normal's sd from its interquartile range
+    return spread > max(th.EPISODE_BAND_Z * ref.noise, math.log(th.DIV_SPIKE_MIN_RATIO))

@@ -117,3 +117,17 @@ def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(proj
     assert [r.state for r in rows].count("raised") == 1
     resolved = [r for r in rows if r.state == "resolved"]
     assert len(resolved) == 1 and "recovered from the blow-up at step" in resolved[0].explanation
+
+
+def test_an_oscillation_about_the_old_level_is_not_a_recovery():
+    # Its median stands at the level before the onset, its swings grow to x3 either way: the
+    # median alone read it as back (a Nemotron replay hid 35,600 s that way).
+    steps = np.arange(3000)
+    loss = blown_up(steps, recover=True)
+    after = steps >= ONSET
+    swing = np.linspace(0.1, 1.1, int(after.sum())) * np.sign(np.sin(steps[after] * 1.3))
+    loss = np.where(after, 0.37 * np.exp(np.concatenate([np.zeros((~after).sum()), swing])), loss)
+    ref = ep.reference_before(steps, loss, ONSET)
+    assert ref is not None
+    j = ep.judge(steps, loss, ref)
+    assert j is not None and j.state == "diverged"
