@@ -437,12 +437,9 @@ def _escalates(flag: Flag | None, said: Flag | None) -> bool:
     repeats, never a worsening (a loss spike that diverged, issue 22)."""
     if flag is None or said is None:
         return False
-    return episode_states.worse(_episode_state(flag), _episode_state(said))
-
-
-def _episode_state(flag: Flag) -> str | None:
-    episode = flag.data.get("episode") if isinstance(flag.data, dict) else None
-    return episode.get("state") if isinstance(episode, dict) else None
+    return episode_states.worse(
+        episode_states.state_of(flag.data), episode_states.state_of(said.data)
+    )
 
 
 # Kinds whose flag severity orders how bad an update is: 1 - P(on time), the slip's seconds.

@@ -100,10 +100,10 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
             if loss_key is not None:
                 # The progress series is the loss series: resolve it in memory, not reload it.
                 series = latest_wins(raw)
-                conditions += _loss_and_divergence(
+                found, endings = _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
-                endings = episodes.resolutions(run=run, series=_thin_keep_nonfinite(series))
+                conditions += found
             conditions = _sustained(
                 run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
             )
@@ -123,7 +123,7 @@ def final_events(*, run: Run, now: datetime) -> list[Flag]:
     series = tracker_selectors.series_load(run=run, key=loss_key)
     if len(series) == 0:
         return []
-    found = _divergence_conditions(
+    found, _ = _divergence_conditions(
         run=run, key=loss_key, series=_thin_keep_nonfinite(series), keys=keys, now=now
     )
     # Judged once per end: every forecast task still queued when the run ended runs this again,
@@ -342,9 +342,11 @@ def _deadline_condition(
 
 def _loss_and_divergence(
     *, run: Run, key: str, series: Series, keys: list[str], now: datetime
-) -> list[Condition]:
+) -> tuple[list[Condition], dict[str, str]]:
+    """The loss forecast stored, and the divergence conditions with what open episode flags
+    say if they close (forecasting.episodes)."""
     if len(series) == 0:
-        return []
+        return [], {}
     lr = _thin(tracker_selectors.series_load(run=run, key="lr"), 20_000) if "lr" in keys else None
     thin = _thin(series)
     finite = np.isfinite(thin.values)
@@ -375,7 +377,7 @@ EVALUATION_LOSS_KEYS = ("val_loss", "eval_loss")
 
 def _divergence_conditions(
     *, run: Run, key: str, series: Series, keys: list[str], now: datetime
-) -> list[Condition]:
+) -> tuple[list[Condition], dict[str, str]]:
     checkpoints = [
         float(s)
         for s in Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
@@ -405,8 +407,8 @@ def _divergence_conditions(
     return episodes.with_episodes(run=run, found=found, series=series, checkpoints=checkpoints)
 
 
-def _episode_endings(*, run: Run, ended: str | None = None) -> dict[str, str]:
-    """What the run's open loss episode says as it closes (recovered, or the run's end)."""
+def _episode_endings(*, run: Run, ended: str) -> dict[str, str]:
+    """What the run's open loss episode says as the run's end closes it."""
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)
     if loss_key is None:

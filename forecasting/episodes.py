@@ -10,6 +10,7 @@ the flag resolves only on a sustained return, saying how long the episode lasted
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -118,18 +119,32 @@ def _spent_since(series: Series, run: Run, onset: float) -> dict[str, float]:
 
 def with_episodes(
     *, run: Run, found: list[Condition], series: Series, checkpoints: list[float]
-) -> list[Condition]:
-    """The detectors' loss findings folded into the run's open episode, and the episode's open
-    flags kept while the loss has not come back (see the module's docstring)."""
+) -> tuple[list[Condition], dict[str, str]]:
+    """The detectors' loss findings folded into the run's open episode, the episode's open
+    flags kept while the loss has not come back (see the module's docstring), and what each
+    open episode flag says if it closes now (for flags_sync's resolutions)."""
     open_flags, ref = _open_episode(run)
     steps, values = series.steps.astype(float), series.values
+    judged: dict[int, ep.Judgement | None] = {}
+
+    def judge(r: ep.Reference) -> ep.Judgement | None:
+        # One judgement per reference per computation (a finding and the open flags share it).
+        if id(r) not in judged:
+            judged[id(r)] = ep.judge(steps, values, r)
+        return judged[id(r)]
+
+    endings: dict[str, str] = {}
+    if ref is not None and open_flags:
+        j0 = judge(ref)
+        text = _ending_text(ref, j0) if j0 is not None else None
+        endings = dict.fromkeys(open_flags, text) if text else {}
     out: list[Condition] = []
     for cond in found:
         if cond.kind not in EPISODE_KINDS or cond.onset_step is None:
             out.append(cond)
             continue
-        ref = _reference_for(cond.onset_step, ref, steps, values)
-        j = ep.judge(steps, values, ref) if ref is not None else None
+        ref = _reference_for(cond.onset_step, ref, judge, steps, values)
+        j = judge(ref) if ref is not None else None
         if ref is None or j is None:
             out.append(cond)  # too little history before the onset to judge against
             continue
@@ -145,11 +160,11 @@ def with_episodes(
     for kind, prev in open_flags.items():
         if kind in reported or ref is None:
             continue
-        j = ep.judge(steps, values, ref)
+        j = judge(ref)
         if j is not None and j.state != "recovered":
             cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
             out.append(_as_episode(cond, ref, j, checkpoints, (series, run)))
-    return _one_per_kind(out)
+    return _one_per_kind(out), endings
 
 
 def _said(run: Run, ref: ep.Reference) -> bool:
@@ -159,13 +174,17 @@ def _said(run: Run, ref: ep.Reference) -> bool:
 
 
 def _reference_for(
-    onset: float, ref: ep.Reference | None, steps: np.ndarray, values: np.ndarray
+    onset: float,
+    ref: ep.Reference | None,
+    judge: Callable[[ep.Reference], ep.Judgement | None],
+    steps: np.ndarray,
+    values: np.ndarray,
 ) -> ep.Reference | None:
     """The open episode's reference for a finding that joins it; a fresh one for a finding
     from before its onset (the estimate moved earlier) or after it had recovered (a new
     episode)."""
     if ref is not None and onset >= ref.onset_step:
-        j = ep.judge(steps, values, ref)
+        j = judge(ref)
         over = j is not None and j.state == "recovered" and onset >= (j.since_step or onset)
         if not over:
             return ref
@@ -178,39 +197,36 @@ def _one_per_kind(conditions: list[Condition]) -> list[Condition]:
     out: dict[str, Condition] = {}
     for cond in conditions:
         have = out.get(cond.kind)
-        if have is None:
+        if have is None or episode_states.worse(
+            episode_states.state_of(cond.data), episode_states.state_of(have.data)
+        ):
             out[cond.kind] = cond
-        elif episode_states.worse(_state(cond), _state(have)):
-            out[cond.kind] = replace(cond)
     return list(out.values())
 
 
-def _state(cond: Condition) -> str | None:
-    episode = cond.data.get("episode")
-    return episode.get("state") if isinstance(episode, dict) else None
-
-
-def resolutions(*, run: Run, series: Series, ended: str | None = None) -> dict[str, str]:
-    """What each open episode flag says when it closes: how it ended, against its reference."""
+def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, str]:
+    """What each open episode flag says as the run's end closes it."""
     open_flags, ref = _open_episode(run)
     if ref is None or not open_flags:
         return {}
     j = ep.judge(series.steps.astype(float), series.values, ref)
-    if j is None:
-        return {}
+    text = _ending_text(ref, j, ended) if j is not None else None
+    return dict.fromkeys(open_flags, text) if text else {}
+
+
+def _ending_text(ref: ep.Reference, j: ep.Judgement, ended: str | None = None) -> str | None:
+    """How an episode ended against its reference: recovered, or (at the run's end) not."""
     onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
     if j.state == "recovered":
         since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
         lasted = (j.since_step or ref.onset_step) - ref.onset_step
-        text = (
+        return (
             f"Loss recovered from the blow-up at step {onset}: back at {before} since step"
             f" {since}, {lasted:,.0f} steps after the onset."
         )
-    elif ended is not None:
-        text = (
+    if ended is not None:
+        return (
             f"The run {ended} with its loss {j.ratio:.1f}x {before}: diverged at step {onset}"
             " and never recovered."
         )
-    else:
-        return {}
-    return dict.fromkeys(open_flags, text)
+    return None

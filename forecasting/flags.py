@@ -123,7 +123,7 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         return True  # another rank is now the one everyone waits for
     if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
         return True
-    if episode_states.worse(_episode_state(cond.data), _episode_state(prev.data)):
+    if episode_states.worse(episode_states.state_of(cond.data), episode_states.state_of(prev.data)):
         return True  # a loss episode got worse (spiking -> diverged): news whatever its onset
     if prev.onset_step == int_or_none(cond.onset_step):
         return False
@@ -133,11 +133,6 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         # cooldown (21 messages for one regression in a stop-17 experiment).
         return prev.data.get("rollback_step") != cond.data.get("rollback_step")
     return True
-
-
-def _episode_state(data: dict[str, Any]) -> str | None:
-    episode = data.get("episode") if isinstance(data, dict) else None
-    return episode.get("state") if isinstance(episode, dict) else None
 
 
 def int_or_none(value: float | None) -> int | None:

@@ -12,3 +12,10 @@ def worse(a: str | None, b: str | None) -> bool:
     if a not in STATES or b not in STATES:
         return False
     return STATES.index(a) > STATES.index(b)
+
+
+def state_of(data: object) -> str | None:
+    """The episode state a flag's or condition's data carries (`data["episode"]["state"]`)."""
+    episode = data.get("episode") if isinstance(data, dict) else None
+    state = episode.get("state") if isinstance(episode, dict) else None
+    return state if isinstance(state, str) else None
