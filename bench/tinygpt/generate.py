@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bench.tinygpt.labels import recovered_step
+from bench.tinygpt.labels import left_step, recovered_step
 from bench.tinygpt.model import VOCAB, TinyGPT, corpus, encode
 
 WIDTH, LAYERS, HEADS, CONTEXT, BATCH = 64, 2, 4, 64, 16
@@ -201,6 +201,12 @@ def episode_events(sc: Scenario, frame: pd.DataFrame, file: str) -> list[list[st
         return out
     at_t = float(np.interp(sc.at, steps, frame["elapsed_s"].to_numpy(float)))
     what = f"{sc.fault} {sc.variant} x{sc.factor:g} for {sc.length or 'the rest of the'} steps"
+    if left_step(steps, loss, sc.at) is None:
+        # The fault never moved the loss out of its pre-onset band (labels.py): no episode a
+        # loss could show, so none to score; the row keeps the run out of the healthy ones.
+        what += ": the loss never left its pre-onset band"
+        out.append([file, str(sc.at), f"{at_t:.3f}", "fault", what, "documented"])
+        return out
     out.append([file, str(sc.at), f"{at_t:.3f}", "divergence_onset", what, "documented"])
     nan_rows = steps[~np.isfinite(loss) & (steps >= sc.at)]
     if nan_rows.size:

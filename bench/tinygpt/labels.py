@@ -29,14 +29,21 @@ def band_top(steps: np.ndarray, loss: np.ndarray, onset: float) -> float | None:
     return float(np.quantile(before, BAND_QUANTILE)) if before.size >= BAND_POINTS // 2 else None
 
 
-def recovered_step(steps: np.ndarray, loss: np.ndarray, onset: float) -> float | None:
+def left_step(steps: np.ndarray, loss: np.ndarray, onset: float) -> float | None:
+    """The first logged step at or after the onset whose loss left the band; None if none did
+    (the fault never moved the loss: there is no episode to score, only a fault)."""
     top = band_top(steps, loss, onset)
     if top is None:
         return None
     out = (steps >= onset) & (~np.isfinite(loss) | (loss > DEPART_FACTOR * top))
-    if not out.any():
+    return float(steps[np.argmax(out)]) if out.any() else None
+
+
+def recovered_step(steps: np.ndarray, loss: np.ndarray, onset: float) -> float | None:
+    top = band_top(steps, loss, onset)
+    left = left_step(steps, loss, onset)
+    if top is None or left is None:
         return None
-    left = steps[np.argmax(out)]
     last = steps[-1]
     for i in np.flatnonzero((steps > left) & (loss <= top)):
         if steps[i] + SUSTAIN_STEPS > last:

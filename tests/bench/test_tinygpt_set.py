@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.tinygpt.labels import recovered_step
+from bench.tinygpt.labels import left_step, recovered_step
 from curveset import load_runs, run_timeline
 
 SET = Path(__file__).resolve().parents[2] / "bench" / "data" / "tinygpt"
@@ -24,7 +24,14 @@ def test_the_set_loads_with_its_documented_episodes() -> None:
         assert all(e.origin == "documented" for e in run.events)
         assert "checkpoint" in kinds
         healthy = "healthy" in run.file
-        assert ("divergence_onset" in kinds) != healthy
+        assert ("divergence_onset" in kinds or "fault" in kinds) != healthy
+        # An episode is labelled only where the loss left its band; a fault that never moved
+        # it is a `fault` row, with no episode to score.
+        steps, loss = run.column("step"), run.column("train_loss")
+        for e in run.events:
+            if e.event_type in ("divergence_onset", "fault"):
+                left = left_step(steps, loss, e.step)  # type: ignore[arg-type]
+                assert (left is not None) == (e.event_type == "divergence_onset"), run.file
     assert sum("healthy" in r.file for r in runs) >= 3
 
 
