@@ -102,7 +102,16 @@ FLIP_FLOP_S = 3600.0
 # Documented events that are faults (a documented early stop is a planned end, not a fault).
 # Documented events that make a run not healthy (str.contains): the shared set's, and the
 # divergence_onset / nan / fault rows of a generated set (bench/data/tinygpt).
-FAULT_EVENTS = ("spike", "explosion", "failure", "restart", "rollback", "divergence", "nan", "fault")
+FAULT_EVENTS = (
+    "spike",
+    "explosion",
+    "failure",
+    "restart",
+    "rollback",
+    "divergence",
+    "nan",
+    "fault",
+)
 
 
 @dataclass

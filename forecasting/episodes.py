@@ -148,7 +148,7 @@ def with_episodes(
         if ref is None or j is None:
             out.append(cond)  # too little history before the onset to judge against
             continue
-        if j.state == "recovered" and (open_flags or _said(run, ref)):
+        if j.state == "recovered" and (open_flags or _said(run, ref, cond.onset_step)):
             # The episode is over: the detectors keep a spike "back to normal" in view for
             # 200 points, and the flag they raised stayed open with the loss long back (or,
             # once closed, came back as new).
@@ -167,10 +167,14 @@ def with_episodes(
     return _one_per_kind(out), endings
 
 
-def _said(run: Run, ref: ep.Reference) -> bool:
-    """Whether a flag already told of the episode that began at this reference's onset."""
-    onset = int(ref.onset_step)
-    return selectors.flag_exists(run=run, kinds=EPISODE_KINDS, onset_step=onset)
+def _said(run: Run, ref: ep.Reference, found_at: float) -> bool:
+    """Whether a flag already told of this episode: one whose onset lies between where this
+    finding's episode was searched back to and where the detectors put it (the search moves
+    a little as points arrive; an exact match re-raised a spike told and resolved)."""
+    onset_from, onset_to = sorted((int(ref.onset_step), int(found_at)))
+    return selectors.flag_exists(
+        run=run, kinds=EPISODE_KINDS, onset_from=onset_from, onset_to=onset_to
+    )
 
 
 def _reference_for(
@@ -183,11 +187,15 @@ def _reference_for(
     """The open episode's reference for a finding that joins it; a fresh one for a finding
     from before its onset (the estimate moved earlier) or after it had recovered (a new
     episode)."""
+    back = None
     if ref is not None and onset >= ref.onset_step:
         j = judge(ref)
-        over = j is not None and j.state == "recovered" and onset >= (j.since_step or onset)
+        back = j.since_step if j is not None else None
+        over = j is not None and j.state == "recovered" and onset >= (back or onset)
         if not over:
             return ref
+    # A new episode: from where the loss began to change, not where a detector's test fired.
+    onset = ep.onset_search(steps, values, onset, not_before=back)
     return ep.reference_before(steps, values, onset) or ref
 
 

@@ -236,6 +236,8 @@ def episode_at_end(*, run: Run) -> Flag | None:
     )
 
 
-def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_step: int) -> bool:
+def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_from: int, onset_to: int) -> bool:
+    """Whether a flag of these kinds has its onset in [onset_from, onset_to]."""
     # The (run, kind, created_at) index narrows it to the run's few rows of these kinds.
-    return Flag.objects.filter(run=run, kind__in=kinds, onset_step=onset_step).exists()
+    rows = Flag.objects.filter(run=run, kind__in=kinds)
+    return rows.filter(onset_step__gte=onset_from, onset_step__lte=onset_to).exists()

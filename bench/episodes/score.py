@@ -40,6 +40,9 @@ class Scored:
     healthy_while_diverged_s: float = 0.0
     rollbacks: list[float] = field(default_factory=list)
     rollback_ok: bool | None = None
+    # Checkpoints between the earliest advised rollback and the onset: a rollback safely before
+    # the onset can still throw away more training than it had to.
+    rollback_skipped: int | None = None
     end_open: bool = False
     messages: int = 0
     held: int = 0
@@ -102,6 +105,8 @@ def score_episode(
     out.rollbacks = [f.rollback_step for f in inside if f.rollback_step is not None]
     if out.rollbacks:
         out.rollback_ok = all(r <= episode.onset_step for r in out.rollbacks)
+        first = min(out.rollbacks)
+        out.rollback_skipped = sum(first < c <= episode.onset_step for c in checkpoints)
     elif found and any(c <= episode.onset_step for c in checkpoints):
         out.rollback_ok = False  # a checkpoint before the onset existed; none was advised
     after = [f for f in _divergence(flags) if f.t >= episode.onset_t]
@@ -145,6 +150,9 @@ def episode_summary(eps: list[Scored]) -> dict[str, Any]:
         },
         "rollback_before_onset_share": _share([e.rollback_ok for e in eps]),
         "rollback_scored": sum(e.rollback_ok is not None for e in eps),
+        "rollback_checkpoints_skipped": _stats(
+            [float(e.rollback_skipped) for e in eps if e.rollback_skipped is not None]
+        ),
         "end_state_correct_share": _share([e.end_state_correct for e in eps]),
         "messages_per_episode": _stats([float(e.messages) for e in eps]),
         "raises_or_updates_not_sent": sum(e.held for e in eps),

@@ -89,6 +89,49 @@ def reference_before(steps: np.ndarray, values: np.ndarray, onset_step: float) -
     return Reference(onset_step, level, noise, float(math.exp(level)), int(before.size))
 
 
+def onset_search(
+    steps: np.ndarray, values: np.ndarray, onset_step: float, not_before: float | None = None
+) -> float:
+    """The earliest step at or before the detectors' onset where the log-loss plausibly changed.
+
+    The points from EPISODE_ONSET_SEARCH_POINTS before the onset to now are split in two: before
+    the split a log-log line (a falling loss is not a change) with its own spread, after it a
+    level and a spread of its own (a blow-up or a slow rise changes the level, a growing
+    oscillation the spread). The answer is the earliest split whose likelihood is within the 95%
+    bound of the best split's: a rollback from before it is safe for every onset the points allow.
+    Never before `not_before` (where an earlier episode was back: its blow-up is not this one's).
+    """
+    s, y = _clean(steps, values)
+    d0 = int(np.searchsorted(s, onset_step))
+    lo = max(0, d0 - th.EPISODE_ONSET_SEARCH_POINTS)
+    if not_before is not None:
+        lo = max(lo, int(np.searchsorted(s, not_before)))
+    m = th.DIV_MIN_POINTS
+    k = d0 - lo
+    if k < 2 * m or d0 >= s.size:
+        return float(onset_step)
+    x, r = np.log(np.maximum(s[lo:], 1.0)), y[lo:]
+    x = x - x[:k].mean()  # centred: the running sums below then lose no precision
+    n = r.size
+    c = np.arange(m, k + 1)  # the first point of the changed part; never after the onset
+    # Before the split: a line in log-step (the loss falls) and its residual spread, from
+    # running sums; after it: a level and a spread of its own.
+    cx, cy, cxx, cxy, cyy = (np.cumsum(a) for a in (x, r, x * x, x * r, r * r))
+    i, pre_n = c - 1, c.astype(float)
+    sxx = cxx[i] - cx[i] ** 2 / pre_n
+    sxy = cxy[i] - cx[i] * cy[i] / pre_n
+    syy = cyy[i] - cy[i] ** 2 / pre_n
+    pre_var = (syy - np.where(sxx > 0, sxy**2 / np.maximum(sxx, 1e-300), 0.0)) / pre_n
+    post_n = (n - c).astype(float)
+    post_var = (cyy[-1] - cyy[i]) / post_n - ((cy[-1] - cy[i]) / post_n) ** 2
+    floor = th.DIV_SCALE_FLOOR**2
+    cost = pre_n * np.log(np.maximum(pre_var, floor)) + post_n * np.log(
+        np.maximum(post_var, floor)
+    )
+    earliest = int(c[np.argmax(cost - cost.min() <= th.EPISODE_ONSET_LR_BOUND)])
+    return float(min(onset_step, s[lo + earliest]))
+
+
 def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | None:
     """Where the loss stands against the reference, from the points at and after the onset."""
     s, y = _clean(steps, values)

@@ -529,3 +529,10 @@ EPISODE_RECOVER_POINTS = DIV_EPISODE_GAP_POINTS
 # A spike still elevated this many points after its onset has diverged: the loss settled at a
 # new level rather than coming back.
 EPISODE_DIVERGED_POINTS = DIV_EPISODE_GAP_POINTS
+# Where an episode began: the detectors' onset is where their own test fired (a growing
+# oscillation's is the start of its second window, well after the swings began). Searched back
+# over as many points as the oscillation test reads (three windows and its baseline) before that
+# onset, for the earliest change of level or spread the points allow: every split whose
+# likelihood is within the 95% chi-squared bound (one degree of freedom) of the best one.
+EPISODE_ONSET_SEARCH_POINTS = 3 * DIV_OSC_WINDOW + DIV_SPIKE_WINDOW
+EPISODE_ONSET_LR_BOUND = 3.84

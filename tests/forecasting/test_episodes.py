@@ -67,6 +67,38 @@ def test_the_reference_is_the_run_before_the_onset_not_the_diverged_stretch():
     assert coming is not None and coming.state == "recovering"
 
 
+def _noisy_decay(steps: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 2.0 * (1 + steps / 200.0) ** -0.3 * np.exp(rng.normal(0, 0.03, steps.size))
+
+
+def test_the_onset_of_a_growing_oscillation_is_searched_back_to_where_it_began():
+    """The oscillation test fires on its second window, 100 points into swings that began
+    earlier: the episode's onset (and so its rollback) is where the spread began to grow."""
+    steps, start = np.arange(3000), 1500
+    for seed in range(5):
+        loss = _noisy_decay(steps, seed)
+        d = np.maximum(steps - start, 0)
+        loss = loss * np.exp(0.002 * d * np.sin(2 * np.pi * d / 40))
+        # As the oscillation test says it: the start of its second window, 100 points before
+        # the last point it read.
+        found = ep.onset_search(steps[:1750], loss[:1750], 1650.0)
+        # The checkpoint to roll back to (every 100 steps, strictly before the onset) is the
+        # one before the swings began (1,600 from the test's own onset), and not far before.
+        rollback = 100 * ((found - 1) // 100)
+        assert rollback == start, (seed, found)
+
+
+def test_a_sharp_blow_up_keeps_its_onset():
+    steps = np.arange(3000)
+    loss = _noisy_decay(steps, 3)
+    loss[steps >= 2000] *= 9.0
+    assert ep.onset_search(steps[:2030], loss[:2030], 2000.0) == pytest.approx(2000.0, abs=5)
+    # Never later than the detectors' onset, never before an earlier episode's recovery.
+    assert ep.onset_search(steps[:2030], loss[:2030], 1990.0) <= 1990.0
+    assert ep.onset_search(steps, loss, 2600.0, not_before=2500.0) >= 2500.0
+
+
 def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project, client, member):
     run = make_run(project, total=6000)
     steps = np.arange(4000)
@@ -117,6 +149,31 @@ def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(proj
     assert [r.state for r in rows].count("raised") == 1
     resolved = [r for r in rows if r.state == "resolved"]
     assert len(resolved) == 1 and "recovered from the blow-up at step" in resolved[0].explanation
+
+
+def test_a_decaying_spike_told_and_resolved_is_not_raised_again(project, monkeypatch):
+    """Its onset, searched back on each computation, moves by a point or two as the points
+    arrive (made to move here on every computation, as noise does on a real curve); the
+    detectors keep the spike in view for 200 points: the same episode, told once."""
+    search = ep.onset_search
+
+    def moving(steps, values, onset, not_before=None):  # type: ignore[no-untyped-def]
+        found = search(steps, values, onset, not_before)
+        return found - len(values) % 7
+
+    monkeypatch.setattr(ep, "onset_search", moving)
+    run = make_run(project, total=6000)
+    steps = np.arange(3200)
+    d = np.maximum(steps - ONSET, 0)
+    loss = _noisy_decay(steps, 11) * np.where(steps >= ONSET, 1 + 5 * np.exp(-d / 30), 1.0)
+    seen = replay(run, steps, loss)
+    assert any(seen) and not seen[-1]
+    states = list(
+        Flag.objects.filter(run=run, kind__in=LOSS_KINDS)
+        .order_by("created_at", "id")
+        .values_list("state", flat=True)
+    )
+    assert states.count("raised") == 1 and states[-1] == "resolved", states
 
 
 def test_an_oscillation_about_the_old_level_is_not_a_recovery():
