@@ -222,7 +222,7 @@ def flag_dispatch(*, flag_id: int, now: datetime | None = None) -> list[Notifica
     if not Flag.objects.filter(pk=flag_id, processed_at__isnull=True).update(processed_at=now):
         return []
     flag = Flag.objects.select_related("run__project", "run__deadline").get(pk=flag_id)
-    rule_kind = rule_kind_for(flag.kind)
+    rule_kind = _rule_kind(flag)
     if rule_kind is None:
         return []  # a kind no rule covers yet: processed, nothing to say
     event = Event(
@@ -235,6 +235,18 @@ def flag_dispatch(*, flag_id: int, now: datetime | None = None) -> list[Notifica
         flag=flag,
     )
     return _notifications_create(event=event)
+
+
+def _rule_kind(flag: Flag) -> RuleKind | None:
+    """The rule a flag row answers to. A loss episode keeps the kind of the detector that saw
+    it first (one flag per episode); once it has diverged it is a divergence, with that rule's
+    severity and channels, and so is its close."""
+    rule_kind = rule_kind_for(flag.kind)
+    if rule_kind is not None and rule_kind.key == "spike":
+        was = (episode_states.state_of(flag.data), (flag.data or {}).get("episode_was"))
+        if "diverged" in was:
+            return BY_KEY["divergence"]
+    return rule_kind
 
 
 def run_end_dispatch(*, run_id: int) -> list[Notification]:
@@ -437,9 +449,7 @@ def _escalates(flag: Flag | None, said: Flag | None) -> bool:
     repeats, never a worsening (a loss spike that diverged, issue 22)."""
     if flag is None or said is None:
         return False
-    return episode_states.worse(
-        episode_states.state_of(flag.data), episode_states.state_of(said.data)
-    )
+    return episode_states.escalates(flag.data, said.data)
 
 
 # Kinds whose flag severity orders how bad an update is: 1 - P(on time), the slip's seconds.

@@ -20,6 +20,7 @@ from forecasting import selectors
 from forecasting.conditions import Condition
 from forecasting.estimators import episode_states
 from forecasting.estimators import episodes as ep
+from forecasting.estimators import thresholds as th
 from forecasting.estimators.divergence import GRAD_NORM_PREFIX
 from forecasting.estimators.formatting import money, span
 from forecasting.models import Flag
@@ -61,6 +62,10 @@ def _text(
     else:
         since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
         head = f"Loss blew up at step {onset} and is back near {before} since step {since}."
+    episode = data.get("episode") or {}
+    blowups = episode.get("blowups") or []
+    if len(blowups) > 1 and j.state in ("spiking", "diverged"):
+        head += f" It blew up again at step {blowups[-1]:,.0f}."
     wasted = data.get("wasted_s")
     cost = data.get("cost")
     spent = ""
@@ -77,12 +82,27 @@ def _text(
     return head + spent + where + (f" Gradient norms moved first in {moved}." if moved else "")
 
 
+def _blowups(
+    cond: Condition, said: list[float], ref: ep.Reference, steps: np.ndarray
+) -> list[float]:
+    """The raw onsets of the spike alarms this episode has seen, this finding's added when it
+    is a new one: a spike alarm that began more than an alarm's length (the detectors' gap
+    between two episodes) after the last one, from the episode's onset on."""
+    if cond.kind != Flag.Kind.SPIKE or cond.onset_step is None or cond.onset_step < ref.onset_step:
+        return said
+    gap = th.DIV_EPISODE_GAP_POINTS * float(np.median(np.diff(steps))) if steps.size > 1 else 0.0
+    if said and cond.onset_step <= said[-1] + gap:
+        return said
+    return [*said, float(cond.onset_step)]
+
+
 def _as_episode(
     cond: Condition,
     ref: ep.Reference,
     j: ep.Judgement,
     checkpoints: list[float],
     clock: tuple[Series, Run],
+    blowups: list[float],
 ) -> Condition:
     series, run = clock
     rollback = _rollback(checkpoints, ref.onset_step)
@@ -97,6 +117,7 @@ def _as_episode(
             "ratio": j.ratio,
             "level": j.level_value,
             "since_step": j.since_step,
+            "blowups": blowups,
         },
     }
     text = _text(ref, j, rollback, data, run)
@@ -155,7 +176,10 @@ def with_episodes(
             continue
         # One flag per episode: the open one, whichever kind the detectors see now.
         kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
-        out.append(_as_episode(replace(cond, kind=kind), ref, j, checkpoints, (series, run)))
+        said = _said_blowups(open_flags) if ref.onset_step == _onset(open_flags) else []
+        blowups = _blowups(cond, said, ref, steps)
+        cond = replace(cond, kind=kind)
+        out.append(_as_episode(cond, ref, j, checkpoints, (series, run), blowups))
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():
         if kind in reported or ref is None:
@@ -163,8 +187,24 @@ def with_episodes(
         j = judge(ref)
         if j is not None and j.state != "recovered":
             cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
-            out.append(_as_episode(cond, ref, j, checkpoints, (series, run)))
+            said = _said_blowups(open_flags)
+            out.append(_as_episode(cond, ref, j, checkpoints, (series, run), said))
     return _one_per_kind(out), endings
+
+
+def _said_blowups(open_flags: dict[str, Flag]) -> list[float]:
+    """The blow-ups the open episode flag has told of (the most, if two flags are open)."""
+    lists = []
+    for flag in open_flags.values():
+        episode = flag.data.get("episode") if isinstance(flag.data, dict) else None
+        if isinstance(episode, dict) and isinstance(episode.get("blowups"), list):
+            lists.append([float(b) for b in episode["blowups"]])
+    return max(lists, key=len, default=[])
+
+
+def _onset(open_flags: dict[str, Flag]) -> float | None:
+    refs = [r for r in map(_reference, open_flags.values()) if r is not None]
+    return min((r.onset_step for r in refs), default=None)
 
 
 def _said(run: Run, ref: ep.Reference, found_at: float) -> bool:
@@ -201,13 +241,11 @@ def _reference_for(
 
 def _one_per_kind(conditions: list[Condition]) -> list[Condition]:
     # Two findings folded into one episode flag: keep the first (the detectors list the most
-    # severe kinds first) with the worst state either saw.
+    # severe kinds first) unless the other is worse news (a worse state, another blow-up).
     out: dict[str, Condition] = {}
     for cond in conditions:
         have = out.get(cond.kind)
-        if have is None or episode_states.worse(
-            episode_states.state_of(cond.data), episode_states.state_of(have.data)
-        ):
+        if have is None or episode_states.escalates(cond.data, have.data):
             out[cond.kind] = cond
     return list(out.values())
 

@@ -59,6 +59,8 @@ def flags_sync(
             said = f"{kind} cleared (it said: {prev.explanation})"
             text = f"{kind} resolved: {reason}" if reason else said
             data: dict[str, Any] = {"reason": reason, "closed_by_run_end": ended} if reason else {}
+            if (was := episode_states.state_of(prev.data)) is not None:
+                data["episode_was"] = was  # the alert gate routes the close as it did the flag
             if resolutions and kind in resolutions:
                 text = resolutions[kind]
                 data["episode_end"] = text
@@ -123,8 +125,8 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
         return True  # another rank is now the one everyone waits for
     if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
         return True
-    if episode_states.worse(episode_states.state_of(cond.data), episode_states.state_of(prev.data)):
-        return True  # a loss episode got worse (spiking -> diverged): news whatever its onset
+    if episode_states.escalates(cond.data, prev.data):
+        return True  # a loss episode got worse (diverged, blew up again): news whatever its onset
     if prev.onset_step == int_or_none(cond.onset_step):
         return False
     if "rollback_step" in prev.data or "rollback_step" in cond.data:

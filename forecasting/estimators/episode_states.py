@@ -19,3 +19,21 @@ def state_of(data: object) -> str | None:
     episode = data.get("episode") if isinstance(data, dict) else None
     state = episode.get("state") if isinstance(episode, dict) else None
     return state if isinstance(state, str) else None
+
+
+def blowups(data: object) -> int:
+    """How many distinct blow-ups (spike alarms) a loss episode has seen."""
+    episode = data.get("episode") if isinstance(data, dict) else None
+    seen = episode.get("blowups") if isinstance(episode, dict) else None
+    return len(seen) if isinstance(seen, list) else 0
+
+
+def escalates(new: object, old: object) -> bool:
+    """Whether an episode's data (`new`) is worse news than what was said (`old`): a worse
+    state, or another blow-up while the loss has not come back (issue 22: worse always gets
+    through; the cooldown holds repeats only)."""
+    a, b = state_of(new), state_of(old)
+    if worse(a, b):
+        return True
+    elevated = a in ("spiking", "diverged") and not worse(b, a)
+    return elevated and blowups(new) > blowups(old)

@@ -125,9 +125,7 @@ def onset_search(
     post_n = (n - c).astype(float)
     post_var = (cyy[-1] - cyy[i]) / post_n - ((cy[-1] - cy[i]) / post_n) ** 2
     floor = th.DIV_SCALE_FLOOR**2
-    cost = pre_n * np.log(np.maximum(pre_var, floor)) + post_n * np.log(
-        np.maximum(post_var, floor)
-    )
+    cost = pre_n * np.log(np.maximum(pre_var, floor)) + post_n * np.log(np.maximum(post_var, floor))
     earliest = int(c[np.argmax(cost - cost.min() <= th.EPISODE_ONSET_LR_BOUND)])
     return float(min(onset_step, s[lo + earliest]))
 

@@ -512,19 +512,22 @@ def test_a_loss_episode_that_gets_worse_goes_out_whatever_the_cooldown(
     run: Run, channels: Any
 ) -> None:
     # Issue 22: a spike alerted, then (40 s later, inside the hour's cooldown) the loss settled
-    # nine times higher: the escalation to "diverged" must reach the lead; a repeat of the same
-    # state stays held.
+    # nine times higher: the escalation to "diverged" must reach the lead, as a divergence (its
+    # rule, its severity); a repeat of the same state stays held; a second blow-up inside the
+    # open episode goes out again.
     t0 = timezone.now() - timedelta(minutes=10)
-    for seconds, state, episode in (
-        (0, "raised", "spiking"),
-        (40, "updated", "diverged"),
-        (80, "updated", "diverged"),
+    for seconds, state, episode, blowups in (
+        (0, "raised", "spiking", [2500.0]),
+        (40, "updated", "diverged", [2500.0]),
+        (80, "updated", "diverged", [2500.0]),
+        (120, "updated", "diverged", [2500.0, 4558.0]),
+        (160, "updated", "diverged", [2500.0, 4558.0]),
     ):
         flag_raise(
             run,
             "spike",
             state=state,
-            data={"rollback_step": 2400.0, "episode": {"state": episode}},
+            data={"rollback_step": 2400.0, "episode": {"state": episode, "blowups": blowups}},
             created_at=t0 + timedelta(seconds=seconds),
         )
         services.flags_dispatch()
@@ -532,6 +535,12 @@ def test_a_loss_episode_that_gets_worse_goes_out_whatever_the_cooldown(
     got = list(
         Notification.objects.filter(channel=channels[0])
         .order_by("created_at")
-        .values_list("event", "status")
+        .values_list("event", "status", "rule_kind", "severity")
     )
-    assert got == [("raised", S.SENT), ("updated", S.SENT), ("updated", S.SUPPRESSED)]
+    assert got == [
+        ("raised", S.SENT, "spike", "warning"),
+        ("updated", S.SENT, "divergence", "critical"),
+        ("updated", S.SUPPRESSED, "divergence", "critical"),
+        ("updated", S.SENT, "divergence", "critical"),
+        ("updated", S.SUPPRESSED, "divergence", "critical"),
+    ]

@@ -18,12 +18,17 @@ ONSET = 2500
 LOSS_KINDS = tuple(k for k in Flag.DIVERGENCE_KINDS)
 
 
-def blown_up(steps: np.ndarray, *, settle: float = 3.3, recover: bool = False) -> np.ndarray:
-    """0.37 before the jump; ~80 for a few steps, then settled at `settle` (or back to ~0.37)."""
+def blown_up(
+    steps: np.ndarray, *, settle: float = 3.3, recover: bool = False, again: int | None = None
+) -> np.ndarray:
+    """0.37 before the jump; ~80 for a few steps, then settled at `settle` (or back to ~0.37);
+    `again`: a second blow-up to ~80 at that step."""
     rng = np.random.default_rng(7)
     base = 0.37 * (1 + 0.5 * np.exp(-steps / 400)) * np.exp(rng.normal(0, 0.02, steps.size))
     after = steps >= ONSET
     level = np.where(steps < ONSET + 15, 80.0, 0.37 if recover else settle)
+    if again is not None:
+        level = np.where((steps >= again) & (steps < again + 15), 80.0, level)
     return np.where(after, level * np.exp(rng.normal(0, 0.03, steps.size)), base)
 
 
@@ -102,7 +107,7 @@ def test_a_sharp_blow_up_keeps_its_onset():
 def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project, client, member):
     run = make_run(project, total=6000)
     steps = np.arange(4000)
-    seen = replay(run, steps, blown_up(steps))
+    seen = replay(run, steps, blown_up(steps, again=3300))
     first = next(i for i, kinds in enumerate(seen) if kinds)
     assert first * 20 <= ONSET + 40  # detected within two batches of the jump
     # Never shown healthy while diverged: a loss flag is open after every forecast from then on.
@@ -116,6 +121,10 @@ def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project, c
     assert {r.onset_step for r in rows} <= {ONSET, ONSET - 1}
     assert rows[-1].data["episode"]["state"] == "diverged"
     assert "has not come back" in rows[-1].explanation
+    # The second blow-up joins the episode as news (an update the alert gate always sends).
+    again = [r for r in rows if len(r.data["episode"].get("blowups", [])) == 2]
+    assert again and again[0].state == "updated"
+    assert "It blew up again at step 3,30" in again[0].explanation
 
     # The run ends still diverged: the record says so.
     from django.utils import timezone
