@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from forecasting import selectors
-from forecasting.conditions import Condition
+from forecasting.conditions import Condition, Ending
 from forecasting.estimators import episode_states
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag
@@ -34,7 +34,7 @@ def flags_sync(
     now: datetime,
     reason: str | None = None,
     ended: bool = False,
-    resolutions: dict[str, str] | None = None,
+    resolutions: dict[str, Ending] | None = None,
 ) -> list[Flag]:
     """Write a Flag row for each change: raised, updated (onset moved) or resolved.
 
@@ -60,8 +60,9 @@ def flags_sync(
             text = f"{kind} resolved: {reason}" if reason else said
             data: dict[str, Any] = {"reason": reason, "closed_by_run_end": ended} if reason else {}
             if resolutions and kind in resolutions:
-                text = resolutions[kind]
-                data["episode_end"] = text
+                ending = resolutions[kind]
+                text = ending.text
+                data.update(ending.data, episode_end=text)
             cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     _announce(written)
@@ -69,7 +70,7 @@ def flags_sync(
 
 
 def flags_close(
-    *, run: Run, reason: str, now: datetime, resolutions: dict[str, str] | None = None
+    *, run: Run, reason: str, now: datetime, resolutions: dict[str, Ending] | None = None
 ) -> list[Flag]:
     """Resolve every open flag of a run with the reason (its end): ended runs are final."""
     kinds = tuple(Flag.Kind.values)
