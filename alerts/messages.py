@@ -63,11 +63,11 @@ def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
         if (cost := _num(data, "cost")) is not None
         else None,
         "layers_first": ", ".join(str(x) for x in data.get("layers_first") or [])[:200],
-        **_episode_context(data),
+        **_episode_context(run, data),
     }
 
 
-def _episode_context(data: dict[str, Any]) -> dict[str, Any]:
+def _episode_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     """A loss episode's state against the run before its onset (forecasting.episodes)."""
     episode = data.get("episode")
     if not isinstance(episode, dict):
@@ -79,15 +79,42 @@ def _episode_context(data: dict[str, Any]) -> dict[str, Any]:
         "state": episode.get("state"),
         "ratio": f"{ratio:.1f}x" if ratio is not None else None,
         "before": f"{before:.4g}" if before is not None else None,
+        **_undone_context(run, episode),
     }
 
 
-def _end_episode(run: Run) -> str | None:
-    """What the run's loss episode was when the run ended, if one was still open then."""
+def _undone_context(run: Run, episode: dict[str, Any]) -> dict[str, Any]:
+    """Where the loss last stood at the episode's level before its onset and the training
+    undone since (forecasting.episodes._undone): the numbers the flag's explanation says, the
+    step's time in the project's zone as every time in a message."""
+    step = _num(episode, "back_at_step")
+    if step is None:
+        return {}
+    at, seconds = _num(episode, "back_at_time"), _num(episode, "undone_s")
+    steps, cost = _num(episode, "undone_steps"), _num(episode, "undone_cost")
+    undone = fmt.span(seconds) if seconds is not None else None
+    if undone is None and steps is not None:
+        undone = f"{fmt.steps(steps)} steps"
+    return {
+        "back_at": fmt.steps(step),
+        "back_at_when": fmt.when(at, run.project.tzinfo) if at is not None else None,
+        "back_at_beyond": episode.get("back_at_beyond") is True,
+        "undone": undone,
+        "undone_cost": fmt.money(cost, run.project.currency) if cost is not None else None,
+    }
+
+
+def _end_episode(run: Run) -> dict[str, Any]:
+    """What the run's loss episode was when the run ended, if one was still open then, and the
+    training it had undone."""
     closed = episode_at_end(run=run)
     if closed is None or closed.onset_step is None:
-        return None
-    return f"diverged at step {fmt.steps(closed.onset_step)}, not recovered"
+        return {"episode": None}
+    episode = closed.data.get("episode") if isinstance(closed.data, dict) else None
+    return {
+        "episode": f"diverged at step {fmt.steps(closed.onset_step)}, not recovered",
+        **(_undone_context(run, episode) if isinstance(episode, dict) else {}),
+    }
 
 
 def _p50_history(run: Run, at: datetime) -> tuple[float | None, float | None]:
@@ -187,7 +214,7 @@ def _end_context(run: Run) -> dict[str, Any]:
         "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
         "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
         "duration": fmt.span(duration) if duration is not None else None,
-        "episode": _end_episode(run),
+        **_end_episode(run),
     }
 
 

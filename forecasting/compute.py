@@ -10,7 +10,7 @@ import numpy as np
 from django.utils import timezone
 
 from forecasting import episodes, hysteresis, selectors
-from forecasting.conditions import Condition, Reading
+from forecasting.conditions import Condition, Ending, Reading
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.divergence import detect_divergence
@@ -82,7 +82,7 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     loss_key = tracker_selectors.loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
     conditions: list[Condition] = []
-    endings: dict[str, str] = {}
+    endings: dict[str, Ending] = {}
     kinds: tuple[str, ...] = FORECAST_FLAG_KINDS
     if progress_key is not None:
         raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
@@ -342,7 +342,7 @@ def _deadline_condition(
 
 def _loss_and_divergence(
     *, run: Run, key: str, series: Series, keys: list[str], now: datetime
-) -> tuple[list[Condition], dict[str, str]]:
+) -> tuple[list[Condition], dict[str, Ending]]:
     """The loss forecast stored, and the divergence conditions with what open episode flags
     say if they close (forecasting.episodes)."""
     if len(series) == 0:
@@ -377,7 +377,7 @@ EVALUATION_LOSS_KEYS = ("val_loss", "eval_loss")
 
 def _divergence_conditions(
     *, run: Run, key: str, series: Series, keys: list[str], now: datetime
-) -> tuple[list[Condition], dict[str, str]]:
+) -> tuple[list[Condition], dict[str, Ending]]:
     checkpoints = [
         float(s)
         for s in Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
@@ -407,7 +407,7 @@ def _divergence_conditions(
     return episodes.with_episodes(run=run, found=found, series=series, checkpoints=checkpoints)
 
 
-def _episode_endings(*, run: Run, ended: str) -> dict[str, str]:
+def _episode_endings(*, run: Run, ended: str) -> dict[str, Ending]:
     """What the run's open loss episode says as the run's end closes it."""
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)

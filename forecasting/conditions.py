@@ -19,6 +19,15 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """What an open flag says as it closes (a loss episode: how it ended against the run
+    before it) and what its closing row records besides (`data`, merged into the row's)."""
+
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Reading:
     """What one computation found before hysteresis (a stored ConditionReading)."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from forecasting import selectors
-from forecasting.conditions import Condition
+from forecasting.conditions import Condition, Ending
 from forecasting.estimators import episode_states
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag
@@ -34,7 +34,7 @@ def flags_sync(
     now: datetime,
     reason: str | None = None,
     ended: bool = False,
-    resolutions: dict[str, str] | None = None,
+    resolutions: dict[str, Ending] | None = None,
 ) -> list[Flag]:
     """Write a Flag row for each change: raised, updated (onset moved) or resolved.
 
@@ -62,8 +62,9 @@ def flags_sync(
             if (was := episode_states.state_of(prev.data)) is not None:
                 data["episode_was"] = was  # the alert gate routes the close as it did the flag
             if resolutions and kind in resolutions:
-                text = resolutions[kind]
-                data["episode_end"] = text
+                ending = resolutions[kind]
+                text = ending.text
+                data.update(ending.data, episode_end=text)
             cond = Condition(kind, text, None, prev.onset_step, data)
             written.append(_write(run, cond, Flag.State.RESOLVED, prev.state, now))
     _announce(written)
@@ -71,7 +72,7 @@ def flags_sync(
 
 
 def flags_close(
-    *, run: Run, reason: str, now: datetime, resolutions: dict[str, str] | None = None
+    *, run: Run, reason: str, now: datetime, resolutions: dict[str, Ending] | None = None
 ) -> list[Flag]:
     """Resolve every open flag of a run with the reason (its end): ended runs are final."""
     kinds = tuple(Flag.Kind.values)

@@ -252,6 +252,21 @@ def _smoothed(
     return bs, by, np.round(bi).astype(int)
 
 
+def level_curve(by: np.ndarray) -> np.ndarray:
+    """The loss's level along the run from its block medians (log): a centred rolling median of
+    DIV_REGRESSION_LEVEL_BINS of them, so neither one noisy batch nor one odd block is a level
+    the run "stood at"."""
+    k = th.DIV_REGRESSION_LEVEL_BINS
+    return np.asarray(pd.Series(by).rolling(k, center=True, min_periods=1).median().to_numpy())
+
+
+def last_at_or_above(levels: np.ndarray, level: float) -> int | None:
+    """Index of the last smoothed level at or above `level` (where the run last stood this
+    high: every step of training since then is undone), or None if it never did."""
+    found = np.flatnonzero(levels >= level)
+    return int(found[-1]) if found.size else None
+
+
 def _rise_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     """One-sided CUSUM on increments of the smoothed log-loss (standardised by their robust
     spread): a healthy curve drifts down, so the sum stays at zero unless the loss keeps rising."""
@@ -341,19 +356,19 @@ def _regression_flag(s: np.ndarray, v: np.ndarray) -> DivergenceFlag | None:
     if len(by) < th.DIV_REGRESSION_MIN_BINS:
         return None
     k = th.DIV_REGRESSION_LEVEL_BINS
-    smooth = pd.Series(by).rolling(k, center=True, min_periods=1).median().to_numpy()
+    smooth = level_curve(by)
     now_level = float(np.median(by[-k:]))
     best = int(np.argmin(smooth[:-1])) if len(smooth) > 1 else 0
     lost = now_level - float(smooth[best])
     if lost < max(math.log(1 + th.DIV_REGRESSION_MIN_FRACTION), _regression_noise(by, k)):
         return None
-    earlier = np.flatnonzero(smooth[: best + 1] >= now_level)
+    earlier = last_at_or_above(smooth[: best + 1], now_level)
     # Above every smoothed level before the best: all the progress given back and more (a
     # sparse log that starts after the initial loss, an injected climb of +50%). It still needs
     # the best to lie well into the run (below), so a loss rising in its first stretch (warm-up)
     # is not this.
-    beyond = len(earlier) == 0
-    back_to = 0 if beyond else int(earlier[-1])
+    beyond = earlier is None
+    back_to = 0 if earlier is None else earlier
     if bs[best] - bs[back_to] < th.DIV_REGRESSION_MIN_LOST_SHARE * (bs[-1] - bs[0]):
         return None
     tail = np.flatnonzero(smooth[best:] <= smooth[best] + th.DIV_REGRESSION_ONSET_SHARE * lost)

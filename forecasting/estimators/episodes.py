@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.divergence import to_log
+from forecasting.estimators.divergence import last_at_or_above, level_curve, to_log
 from forecasting.estimators.jsonable import as_json
-from forecasting.estimators.smoothing import keep_latest
+from forecasting.estimators.smoothing import block_median, keep_latest
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,78 @@ def _swinging(back: np.ndarray, ref: Reference) -> bool:
     q75, q25 = np.percentile(tail, [75, 25])
     spread = float(q75 - q25) / 1.349  # a normal's sd from its interquartile range
     return spread > max(th.EPISODE_BAND_Z * ref.noise, math.log(th.DIV_SPIKE_MIN_RATIO))
+
+
+@dataclass(frozen=True)
+class BackAt:
+    """Where the run's loss last stood at an episode's current level before its onset: the
+    training from there to the run's last point is undone ("back at its level of ...")."""
+
+    step: float
+    time: float | None  # None: the series has no times
+    end_step: float  # the run's last point
+    end_time: float | None
+    beyond: bool  # above every level before the onset: `step` is the run's first point
+
+    @property
+    def undone_steps(self) -> float:
+        return max(0.0, self.end_step - self.step)
+
+    @property
+    def undone_s(self) -> float | None:
+        if self.time is None or self.end_time is None:
+            return None
+        return max(0.0, self.end_time - self.time)
+
+
+def back_at(
+    steps: np.ndarray,
+    values: np.ndarray,
+    times: np.ndarray | None,
+    *,
+    level: float,
+    onset_step: float,
+) -> BackAt | None:
+    """The last step before the onset at which the run's smoothed loss stood at `level` (log,
+    the judgement's recent level) or higher; the run's first step, `beyond`, when it never stood
+    that high (all its training is undone). None when that step lies among the reference's
+    points just before the onset (the run as the episode compares it): the loss stands no
+    higher than the noise of the run just before it, so nothing is undone beyond the episode's
+    own training (which the flag already counts from the onset).
+
+    Smoothed as the regression detector smooths (divergence.level_curve: block medians, then a
+    centred median of five): on the raw points one noisy batch before the onset, or one lucky
+    low one, would name the step; a trailing median lags a falling loss by half its window and
+    names a step too late. Only the points before the onset are smoothed, so the blow-up's
+    first points cannot lift the level of the steps just before it."""
+    s, y = _clean(steps, values)
+    before = s < onset_step
+    if not before.any() or not math.isfinite(level):
+        return None
+    bs, by = block_median(s[before], y[before], th.DIV_TREND_BINS)
+    levels = level_curve(by)
+    found = last_at_or_above(levels, level)
+    reference_from = s[before][-th.EPISODE_REFERENCE_POINTS :][0]
+    if found is not None and (found == levels.size - 1 or bs[found] >= reference_from):
+        return None
+    step = float(s[0]) if found is None else float(bs[found])
+    end_step, clock_s, clock_t = _clock(steps, times)
+    if clock_s.size == 0:
+        return BackAt(step, None, end_step, None, found is None)
+    then = float(np.interp(step, clock_s, clock_t))
+    return BackAt(step, then, end_step, float(clock_t[-1]), found is None)
+
+
+def _clock(steps: np.ndarray, times: np.ndarray | None) -> tuple[float, np.ndarray, np.ndarray]:
+    """The run's last step (whatever its value) and the (step, time) pairs that have a time,
+    restarts resolved."""
+    s = np.asarray(steps, dtype=float).ravel()
+    keep = keep_latest(s)
+    end = float(s[keep][-1]) if keep.any() else float("nan")
+    if times is None:
+        return end, np.empty(0), np.empty(0)
+    t = np.asarray(times, dtype=float).ravel()
+    if t.size != s.size:
+        return end, np.empty(0), np.empty(0)
+    ok = keep & np.isfinite(t)
+    return end, s[ok], t[ok]

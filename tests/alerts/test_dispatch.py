@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from alerts import services, tasks
+from alerts import messages, services, tasks
 from alerts.models import Channel, Notification, Rule
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink, Mailbox, flag_raise
@@ -544,3 +544,105 @@ def test_a_loss_episode_that_gets_worse_goes_out_whatever_the_cooldown(
         ("updated", S.SENT, "divergence", "critical"),
         ("updated", S.SUPPRESSED, "divergence", "critical"),
     ]
+
+
+# A diverged episode as forecasting.episodes writes it: its loss (3.3) back at its level of
+# step 410, 5.8 h before its last point; the cost as stored (a message formats it, in the
+# project's currency, and never recomputes it).
+BACK_AT_TIME = datetime(2025, 6, 3, 9, 40, tzinfo=UTC).timestamp()
+UNDONE = {
+    "back_at_step": 410.0,
+    "back_at_time": BACK_AT_TIME,
+    "back_at_beyond": False,
+    "undone_steps": 5590.0,
+    "undone_s": 21_000.0,
+    "undone_cost": 1240.0,
+}
+
+
+def _diverged(run: Run, **undone: Any) -> Flag:
+    episode = {"state": "diverged", "ratio": 8.9, "level": 3.3, "reference": {"value": 0.37}}
+    return flag_raise(
+        run,
+        "spike",
+        onset_step=2500,
+        explanation="Loss diverged at step 2,500 and has not come back: 8.9x its level before it.",
+        data={"onset_step": 2500.0, "rollback_step": 2400.0, "episode": {**episode, **undone}},
+    )
+
+
+@pytest.mark.eager
+def test_a_diverged_episode_message_says_what_training_it_undid(
+    run: Run,
+    channels: Any,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    Project.objects.filter(pk=run.project.pk).update(timezone="Europe/Berlin", currency="EUR")
+    _diverged(run, **UNDONE)
+
+    dispatch(django_capture_on_commit_callbacks)
+
+    text, _ = mailbox.bodies(mailbox.messages[0])
+    clause = "; back at its level of step 410: 5.8 h of training undone (≈ €1,240)"
+    assert text.splitlines()[0].endswith("last checkpoint before onset: step 2,400" + clause)
+    # The step's time in the project's zone, as every time a message shows.
+    for fact in (
+        "Back at its level of: step 410 (06-03 11:40 CEST)",
+        "Training undone: 5.8 h",
+        "Cost undone: ≈ €1,240",
+    ):
+        assert fact in text.splitlines()
+    slack = sink.to("/slack")[0].json()
+    assert slack["text"].endswith(clause)
+    fields = [f["text"] for b in slack["blocks"] for f in b.get("fields", [])]
+    assert "*Back at its level of*\nstep 410 (06-03 11:40 CEST)" in fields
+
+
+def test_an_episode_above_all_it_was_and_without_times_says_so_in_steps(run: Run) -> None:
+    undone = {**UNDONE, "back_at_step": 0.0, "back_at_beyond": True, "undone_steps": 6000.0}
+    for key in ("back_at_time", "undone_s", "undone_cost"):
+        undone.pop(key)
+    flag = _diverged(run, **undone)
+
+    ctx = messages.context_for(
+        run=run, kind="spike", event="raised", severity="critical", flag=flag, at=timezone.now()
+    )
+    message = messages.render(ctx, {})
+
+    assert message.headline.endswith(
+        "; above its level at the start (step 0): all 6,000 steps of training undone"
+    )
+    assert ("Above its level at the start", "step 0") in message.facts
+    assert ("Training undone", "6,000 steps") in message.facts
+    assert "Cost undone" not in dict(message.facts)
+
+
+@pytest.mark.eager
+def test_the_end_of_run_message_says_what_the_unrecovered_episode_undid(
+    run: Run, channels: Any, mailbox: Mailbox, django_capture_on_commit_callbacks: Any
+) -> None:
+    # The row that closed the episode at the run's end (forecasting.episodes.resolutions).
+    flag_raise(
+        run,
+        "spike",
+        state="resolved",
+        onset_step=2500,
+        explanation="The run finished with its loss 8.9x ...: never recovered. Loss 3.3 is ...",
+        data={
+            "reason": "the run finished",
+            "closed_by_run_end": True,
+            "episode_end": "The run finished with its loss 8.9x ...",
+            "episode": {"level": 3.3, **UNDONE},
+        },
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=timezone.now())
+
+    text, _ = mailbox.bodies(mailbox.messages[0])
+    assert text.splitlines()[0].endswith(
+        "— diverged at step 2,500, not recovered; back at its level of step 410:"
+        " 5.8 h of training undone (≈ $1,240)"
+    )
+    assert "Training undone: 5.8 h" in text.splitlines()

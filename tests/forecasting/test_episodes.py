@@ -3,11 +3,14 @@ settles nine times higher (issue 22), replayed point by point with a forecast ev
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from forecasting import compute
 from forecasting.estimators import episodes as ep
+from forecasting.estimators.formatting import money, span
 from forecasting.models import Flag
 from tests.forecasting.test_services import T0, at, make_run
 from tracker.services import EventIn, SeriesIn, batch_ingest
@@ -141,7 +144,12 @@ def test_a_blow_up_that_settles_higher_stays_one_open_flag_to_the_end(project, c
 
     run.refresh_from_db()
     ctx = context_for(run=run, kind="finished", event="ended", severity="info", flag=None, at=at(0))
-    assert render(ctx, {}).headline.endswith("— diverged at step 2,500, not recovered")
+    # Its loss (3.3) stands above anything before the onset (0.56 at step 0): all of the
+    # 3,999 s of training is undone, at 64 GPUs x 2.50 an hour.
+    assert render(ctx, {}).headline.endswith(
+        "— diverged at step 2,500, not recovered; above its level at the start (step 0):"
+        " all 1.1 h of training undone (≈ $178)"
+    )
     # ... and the run's page: its loss card, not "healthy".
     client.force_login(member)
     page = client.get(f"/runs/{run.project.slug}/{run.public_id}/").content.decode()
@@ -197,3 +205,131 @@ def test_an_oscillation_about_the_old_level_is_not_a_recovery():
     assert ref is not None
     j = ep.judge(steps, loss, ref)
     assert j is not None and j.state == "diverged"
+
+
+# --- "back at its level of ...": the training a blow-up undid (issue 22, item 3)
+
+BACK_ONSET = 2510
+
+
+def falling_then_blown_up(steps: np.ndarray, *, bad_batch: bool = False) -> np.ndarray:
+    """A loss falling from ~8 to 0.37 (it stood at 3.3 near step 143), blown up at step 2,510 to
+    ~80 for 15 steps and settled at 3.3; with `bad_batch`, one batch of 5.0 at step 1,800."""
+    rng = np.random.default_rng(11)
+    loss = (0.37 + 7.6 * np.exp(-steps / 150)) * np.exp(rng.normal(0, 0.02, steps.size))
+    if bad_batch:
+        loss[steps == 1800] = 5.0
+    after = steps >= BACK_ONSET
+    level = np.where(steps < BACK_ONSET + 15, 80.0, 3.3)
+    return np.where(after, level * np.exp(rng.normal(0, 0.03, steps.size)), loss)
+
+
+def step_at(level: float) -> float:
+    """Where the noiseless falling curve stands at `level`."""
+    return -150 * math.log((level - 0.37) / 7.6)
+
+
+def _judged(steps: np.ndarray, loss: np.ndarray) -> ep.Judgement:
+    ref = ep.reference_before(steps, loss, BACK_ONSET)
+    assert ref is not None
+    j = ep.judge(steps, loss, ref)
+    assert j is not None
+    return j
+
+
+def test_back_at_names_the_last_step_before_the_onset_where_the_loss_stood_this_high():
+    steps = np.arange(3000)
+    loss = falling_then_blown_up(steps, bad_batch=True)
+    j = _judged(steps, loss)
+    times = 1.76e9 + 2.0 * steps
+    found = ep.back_at(steps, loss, times, level=math.log(j.level_value), onset_step=BACK_ONSET)
+    assert found is not None and not found.beyond
+    # Near step 143, where the falling loss stood at 3.3: not 1,800, where one batch of 5.0
+    # stood higher (the smoothed level is a median of five).
+    assert abs(found.step - step_at(j.level_value)) <= 5
+    assert found.time == pytest.approx(1.76e9 + 2.0 * found.step)
+    assert found.undone_steps == 2999 - found.step
+    assert found.undone_s == pytest.approx(2.0 * (2999 - found.step))
+
+
+def test_back_at_without_times_counts_steps_only():
+    steps = np.arange(3000)
+    loss = falling_then_blown_up(steps)
+    level = math.log(_judged(steps, loss).level_value)
+    for times in (None, np.full(steps.size, np.nan)):
+        found = ep.back_at(steps, loss, times, level=level, onset_step=BACK_ONSET)
+        assert found is not None and found.time is None and found.undone_s is None
+        assert found.undone_steps == 2999 - found.step and found.step < 200
+
+
+def test_back_at_above_every_level_before_the_onset_is_the_start():
+    # Loss 80 is more than it ever was (8 at step 0): all the training since the start is undone.
+    steps = np.arange(2520)
+    loss = falling_then_blown_up(steps)
+    j = _judged(steps, loss)
+    assert j.state == "spiking" and j.level_value > 60
+    found = ep.back_at(steps, loss, None, level=math.log(j.level_value), onset_step=BACK_ONSET)
+    assert found is not None and found.beyond and found.step == 0
+    assert found.undone_steps == 2519
+
+
+def test_back_at_is_nothing_when_the_loss_stands_no_higher_than_just_before_the_onset():
+    steps = np.arange(3000)
+    loss = falling_then_blown_up(steps)
+    # Below everything before; at the level of the points just before the onset, which its
+    # noise crosses (the smoothed level stood at 0.37 four steps before the onset).
+    for level in (0.3, 0.37):
+        assert ep.back_at(steps, loss, None, level=math.log(level), onset_step=BACK_ONSET) is None
+    assert ep.back_at(steps, loss, None, level=math.log(3.3), onset_step=0) is None
+
+
+def test_the_episode_flag_says_what_training_the_blow_up_undid(project):
+    run = make_run(project, total=6000)  # 64 GPUs; the project pays 2.50 a GPU-hour
+    steps = np.arange(3000)
+    replay(run, steps, falling_then_blown_up(steps))
+    rows = list(Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("created_at", "id"))
+    # Raised while the loss stood at ~80: above anything before, so everything is undone.
+    spiking = rows[0].data["episode"]
+    assert spiking["state"] == "spiking" and spiking["back_at_beyond"] is True
+    assert "is above its level at the start (step 0): all " in rows[0].explanation
+    # Escalated once it settled at 3.3: its level near step 143, some 40 min earlier.
+    diverged = next(r for r in rows if r.data["episode"]["state"] == "diverged")
+    episode = diverged.data["episode"]
+    step = episode["back_at_step"]
+    assert episode["back_at_beyond"] is False and abs(step - step_at(episode["level"])) <= 5
+    last = diverged.created_at.timestamp() - T0 - 1  # forecast 1 s after its batch's last step
+    undone = last - step  # the replay logs step s at T0 + s
+    cost = undone / 3600 * 64 * 2.5
+    assert episode["undone_s"] == pytest.approx(undone)
+    assert episode["undone_cost"] == pytest.approx(cost)
+    assert (
+        f" Loss {episode['level']:.4g} is its level at step {step:,.0f}: {span(undone)} of"
+        f" training undone (≈ {money(cost)} at the run's rate)."
+    ) in diverged.explanation
+
+    # The run ends diverged: the closing row says what the whole episode undid, and so does
+    # the end-of-run message.
+    from django.utils import timezone
+
+    from alerts.messages import context_for, render
+    from tracker.models import Run
+
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+    compute.forecast_compute(run_id=run.pk, now=at(3100))
+    closed = Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("-created_at", "-id")[0]
+    end = closed.data["episode"]
+    assert abs(end["back_at_step"] - step_at(end["level"])) <= 5
+    assert end["undone_s"] == pytest.approx(2999 - end["back_at_step"])
+    assert closed.explanation.endswith(
+        f"never recovered. Loss {end['level']:.4g} is its level at step"
+        f" {end['back_at_step']:,.0f}: {span(end['undone_s'])} of training undone"
+        f" (≈ {money(end['undone_cost'])} at the run's rate)."
+    )
+    run.refresh_from_db()
+    ctx = context_for(run=run, kind="finished", event="ended", severity="info", flag=None, at=at(0))
+    message = render(ctx, {})
+    assert message.headline.endswith(
+        f"not recovered; back at its level of step {end['back_at_step']:,.0f}:"
+        f" {span(end['undone_s'])} of training undone (≈ {money(end['undone_cost'])})"
+    )
+    assert ("Training undone", span(end["undone_s"])) in message.facts
