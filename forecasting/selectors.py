@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from forecasting.conditions import Reading
+from forecasting.estimators import episode_states
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Run
@@ -239,3 +240,102 @@ def episode_at_end(*, run: Run) -> Flag | None:
 def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_step: int) -> bool:
     # The (run, kind, created_at) index narrows it to the run's few rows of these kinds.
     return Flag.objects.filter(run=run, kind__in=kinds, onset_step=onset_step).exists()
+
+
+# --- the record: each loss flag from its raise to its close ------------------------------------
+
+# How many of a run's newest rows of the kinds asked for `flag_spans` folds: one loss flag writes
+# a row per change of news (a raise, a moved rollback, a worse state, its close), a handful per
+# episode, so this holds hundreds of episodes; a span whose raise is older starts at its oldest
+# row read.
+FLAG_SPANS_ROWS = 2000
+
+
+@dataclass
+class FlagSpan:
+    """One flag from its raise to its close, or to now while open: a loss episode, a NaN, a
+    straggler. `said` is its newest row while open (what it last said: onset, rollback, the
+    episode's state), `closed` the row that closed it (None while open)."""
+
+    opened: Flag
+    said: Flag
+    closed: Flag | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.said.kind
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed is None
+
+    @property
+    def onset_step(self) -> int | None:
+        return self.said.onset_step
+
+    @property
+    def rollback_step(self) -> float | None:
+        value = self.said.data.get("rollback_step")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def state(self) -> str | None:
+        """The episode's state as the flag last said it while open ("spiking", "diverged",
+        "recovering"); None for a NaN and for flags from before episodes."""
+        return episode_states.state_of(self.said.data)
+
+    @property
+    def ratio(self) -> float | None:
+        return _number(_episode(self.said.data).get("ratio"))
+
+    @property
+    def reference_level(self) -> float | None:
+        """The loss level before the onset that the episode is judged against."""
+        reference = _episode(self.said.data).get("reference")
+        return _number(reference.get("value")) if isinstance(reference, dict) else None
+
+    @property
+    def outcome(self) -> str | None:
+        """How it closed: "recovered" (the loss came back, forecasting.episodes), "not
+        recovered" (open when the run ended), "cleared" (the detectors stopped finding it);
+        None while open."""
+        if self.closed is None:
+            return None
+        data = self.closed.data if isinstance(self.closed.data, dict) else {}
+        if data.get("closed_by_run_end"):
+            return "not recovered"
+        return "recovered" if "episode_end" in data else "cleared"
+
+
+def _episode(data: object) -> dict[str, Any]:
+    episode = data.get("episode") if isinstance(data, dict) else None
+    return episode if isinstance(episode, dict) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def flag_spans(*, run: Run, kinds: tuple[str, ...]) -> list[FlagSpan]:
+    """The run's flags of these kinds, open or closed, oldest raise first (1 query): what the
+    run page's markers and the API's episodes draw from, so they outlive the run's end and its
+    resumes. One flag's rows are one span, however many times it was updated."""
+    rows = list(
+        Flag.objects.filter(run=run, kind__in=kinds).order_by("-created_at", "-id")[
+            :FLAG_SPANS_ROWS
+        ]
+    )
+    spans: list[FlagSpan] = []
+    current: dict[str, FlagSpan] = {}
+    for row in reversed(rows):  # oldest first, as they were written
+        span = current.get(row.kind)
+        if row.state == Flag.State.RESOLVED:
+            if span is not None:  # else: its raise is older than the rows read
+                span.closed = row
+                del current[row.kind]
+        elif span is None:
+            current[row.kind] = FlagSpan(opened=row, said=row)
+            spans.append(current[row.kind])
+        else:
+            span.said = row
+    return spans
