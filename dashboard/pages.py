@@ -19,7 +19,6 @@ from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
     FlagSpan,
-    episode_at_end,
     eta_history,
     eta_history_rebuilt,
     flag_history,
@@ -88,7 +87,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     ending = None
     if loss_key is not None and not outlook.run.is_active:
         final = series_last(run=run, key=loss_key)
-        closed = episode_at_end(run=run)
+        closed = outlook.episode_end
         ending = closed.explanation if closed is not None else None
     return RunPage(
         outlook=outlook,

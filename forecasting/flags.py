@@ -59,6 +59,10 @@ def flags_sync(
             said = f"{kind} cleared (it said: {prev.explanation})"
             text = f"{kind} resolved: {reason}" if reason else said
             data: dict[str, Any] = {"reason": reason, "closed_by_run_end": ended} if reason else {}
+            if ended:
+                # Which attempt's end closed it: a resumed run's later end is how it ended
+                # (selectors.episode_ends_by_run), not this one.
+                data["attempt"] = run.current_segment
             if resolutions and kind in resolutions:
                 text = resolutions[kind]
                 data["episode_end"] = text

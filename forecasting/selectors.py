@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 
 from forecasting.conditions import Reading
 from forecasting.estimators import episode_states
+from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Run
@@ -118,6 +121,8 @@ class RunOutlook:
     # The latest straggler forecast while a straggler flag is open: who, what it costs, and the
     # what-if finish (`whatif_finish_p50`, `whatif_p_on_time`) beside the real forecast.
     straggler: dict[str, Any] | None = None
+    # An ended run's loss episode that its end closed (`episode_ends_by_run`).
+    episode_end: Flag | None = None
 
     @property
     def half_spread_s(self) -> float | None:
@@ -126,6 +131,15 @@ class RunOutlook:
     @property
     def loss_healthy(self) -> bool:
         return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
+
+    @property
+    def episode_end_text(self) -> str | None:
+        """'diverged at step 2,500, not recovered': how a run that ended inside a loss episode
+        ended (the end-of-run message says the same)."""
+        end = self.episode_end
+        if end is None or end.onset_step is None:
+            return None
+        return f"diverged at step {fmt.steps(end.onset_step)}, not recovered"
 
 
 OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id", "straggler_fc_id")
@@ -151,11 +165,16 @@ def with_latest_forecasts(runs: QuerySet[Run], *, now: datetime) -> QuerySet[Run
 
 
 def outlooks_for(runs: list[Run]) -> list[RunOutlook]:
-    """Outlooks of runs read through `with_latest_forecasts`: 2 queries, whatever their number."""
+    """Outlooks of runs read through `with_latest_forecasts`: 2 queries, whatever their number,
+    and a third when some have ended (the loss episodes their ends closed)."""
     ids = {getattr(r, a) for r in runs for a in OUTLOOK_IDS if getattr(r, a, None)}
     forecasts = {f.id: f for f in Forecast.objects.filter(id__in=ids)} if ids else {}
     flags = open_flags_by_run([r.pk for r in runs]) if runs else {}
-    return [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
+    ended = episode_ends_by_run([r.pk for r in runs if not r.is_active])
+    out = [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
+    for outlook in out:
+        outlook.episode_end = ended.get(outlook.run.pk)
+    return out
 
 
 def outlook_for_run(*, run: Run, now: datetime) -> RunOutlook:
@@ -224,17 +243,40 @@ def episode_at_end(*, run: Run) -> Flag | None:
     """The row that closed the loss episode a run ended inside (forecasting.episodes: its
     explanation says how it stood, "... never recovered"), or None: the record of a divergence
     outlives the run."""
-    return (
+    return episode_ends_by_run([run.pk]).get(run.pk)
+
+
+def episode_ends_by_run(run_ids: list[int]) -> dict[int, Flag]:
+    """For each run, the row that closed the loss episode its latest end found open (1 query,
+    none without runs): how the run ended, for the board, the run page and the end message.
+
+    Only the latest end counts: an attempt that ended diverged and was resumed from a
+    checkpoint is not how the run ended once the resumed attempt finished (flags_close stamps
+    the attempt; a row from before it did counts as the current attempt's, as it did then).
+    """
+    if not run_ids:
+        return {}
+    attempt = Coalesce(
+        Cast(KT("data__attempt"), BigIntegerField()),
+        F("run__current_segment"),
+        output_field=BigIntegerField(),
+    )
+    rows = (
         Flag.objects.filter(
-            run=run,
+            run_id__in=run_ids,
             kind__in=Flag.DIVERGENCE_KINDS,
             state=Flag.State.RESOLVED,
             data__closed_by_run_end=True,
             data__has_key="episode_end",
         )
+        .annotate(attempt=attempt)
+        .filter(attempt=F("run__current_segment"))
         .order_by("-created_at", "-id")
-        .first()
     )
+    out: dict[int, Flag] = {}
+    for flag in rows:
+        out.setdefault(flag.run_id, flag)
+    return out
 
 
 def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_step: int) -> bool:
