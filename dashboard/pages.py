@@ -18,12 +18,12 @@ from forecasting.board import Board, RunView, board_arrange, board_deadlines, bo
 from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
-    episode_at_end,
+    FlagSpan,
     eta_history,
     eta_history_rebuilt,
     flag_history,
+    flag_spans,
     forecast_latest,
-    open_flags_by_run,
     outlook_for_run,
 )
 from tracker import rank_timings
@@ -87,7 +87,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
     ending = None
     if loss_key is not None and not outlook.run.is_active:
         final = series_last(run=run, key=loss_key)
-        closed = episode_at_end(run=run)
+        closed = outlook.episode_end
         ending = closed.explanation if closed is not None else None
     return RunPage(
         outlook=outlook,
@@ -143,18 +143,34 @@ def _loss_overview(run: Run) -> dict[str, Any]:
 
 
 def chart_markers(*, run: Run) -> list[Marker]:
-    """The run's own markers, plus each open divergence flag's onset and suggested rollback."""
+    """The run's own markers, plus each loss flag's onset and the checkpoint before it, open or
+    closed (after the run's end and across its resumes), and an open straggler's onset."""
     out = run_markers(run=run)
-    for flag in open_flags_by_run([run.pk]).get(run.pk, []):
-        if flag.kind in Flag.DIVERGENCE_KINDS and flag.onset_step is not None:
-            out.append(Marker("onset", float(flag.onset_step), f"{flag.kind} onset"))
-            rollback = flag.data.get("rollback_step")
-            if rollback is not None:
-                out.append(Marker("rollback", float(rollback), "suggested rollback"))
-        if flag.kind == Flag.Kind.STRAGGLER and flag.onset_step is not None:
-            who = _straggler_who(flag.data)
-            out.append(Marker("straggler", float(flag.onset_step), f"straggler onset: {who}"))
+    spans = flag_spans(run=run, kinds=(*Flag.DIVERGENCE_KINDS, Flag.Kind.STRAGGLER))
+    # The open flags first, then the newest: one marker per step and kind, the one that matters.
+    spans.sort(key=lambda s: (not s.is_open, -s.opened.pk))
+    seen: set[tuple[str, float]] = set()
+    for marker in (m for span in spans for m in _flag_markers(span)):
+        if (marker.kind, marker.step) not in seen:
+            seen.add((marker.kind, marker.step))
+            out.append(marker)
     return sorted(out, key=lambda m: m.step)
+
+
+def _flag_markers(span: FlagSpan) -> list[Marker]:
+    if span.onset_step is None:
+        return []
+    if span.kind == Flag.Kind.STRAGGLER:
+        if not span.is_open:
+            return []  # the throughput chart marks where the job waits now
+        who = _straggler_who(span.said.data)
+        return [Marker("straggler", float(span.onset_step), f"straggler onset: {who}")]
+    outcome = f" ({span.outcome})" if span.outcome else ""
+    out = [Marker("onset", float(span.onset_step), f"{span.kind} onset{outcome}")]
+    if span.rollback_step is not None:
+        label = "suggested rollback" if span.is_open else f"checkpoint before the {span.kind}"
+        out.append(Marker("rollback", span.rollback_step, label + outcome))
+    return out
 
 
 def _straggler_who(data: dict[str, Any]) -> str:

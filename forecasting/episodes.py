@@ -332,11 +332,12 @@ def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, Ending]:
     if j is None or text is None:
         return {}
     undone = _undone(series, run, ref, j)
+    # The state it ended in: a run that ends just after its loss came back closes its flag
+    # with "recovered", and is not a run that ended diverged (selectors.episode_ends_by_run).
+    episode = {"state": j.state, "level": j.level_value, **undone}
     if undone:
-        episode = {"level": j.level_value, **undone}
         text += _undone_text(episode, run.project.currency)
-        return dict.fromkeys(open_flags, Ending(text, {"episode": episode}))
-    return dict.fromkeys(open_flags, Ending(text))
+    return dict.fromkeys(open_flags, Ending(text, {"episode": episode}))
 
 
 def _ending_text(ref: ep.Reference, j: ep.Judgement, ended: str | None = None) -> str | None:

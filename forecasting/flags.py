@@ -61,6 +61,10 @@ def flags_sync(
             data: dict[str, Any] = {"reason": reason, "closed_by_run_end": ended} if reason else {}
             if (was := episode_states.state_of(prev.data)) is not None:
                 data["episode_was"] = was  # the alert gate routes the close as it did the flag
+            if ended:
+                # Which attempt's end closed it: a resumed run's later end is how it ended
+                # (selectors.episode_ends_by_run), not this one.
+                data["attempt"] = run.current_segment
             if resolutions and kind in resolutions:
                 ending = resolutions[kind]
                 text = ending.text

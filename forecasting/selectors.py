@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 
 from forecasting.conditions import Reading
+from forecasting.estimators import episode_states
+from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Run
@@ -117,6 +121,8 @@ class RunOutlook:
     # The latest straggler forecast while a straggler flag is open: who, what it costs, and the
     # what-if finish (`whatif_finish_p50`, `whatif_p_on_time`) beside the real forecast.
     straggler: dict[str, Any] | None = None
+    # An ended run's loss episode that its end closed (`episode_ends_by_run`).
+    episode_end: Flag | None = None
 
     @property
     def half_spread_s(self) -> float | None:
@@ -125,6 +131,15 @@ class RunOutlook:
     @property
     def loss_healthy(self) -> bool:
         return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
+
+    @property
+    def episode_end_text(self) -> str | None:
+        """'diverged at step 2,500, not recovered': how a run that ended inside a loss episode
+        ended (the end-of-run message says the same)."""
+        end = self.episode_end
+        if end is None or end.onset_step is None:
+            return None
+        return f"diverged at step {fmt.steps(end.onset_step)}, not recovered"
 
 
 OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id", "straggler_fc_id")
@@ -150,11 +165,16 @@ def with_latest_forecasts(runs: QuerySet[Run], *, now: datetime) -> QuerySet[Run
 
 
 def outlooks_for(runs: list[Run]) -> list[RunOutlook]:
-    """Outlooks of runs read through `with_latest_forecasts`: 2 queries, whatever their number."""
+    """Outlooks of runs read through `with_latest_forecasts`: 2 queries, whatever their number,
+    and a third when some have ended (the loss episodes their ends closed)."""
     ids = {getattr(r, a) for r in runs for a in OUTLOOK_IDS if getattr(r, a, None)}
     forecasts = {f.id: f for f in Forecast.objects.filter(id__in=ids)} if ids else {}
     flags = open_flags_by_run([r.pk for r in runs]) if runs else {}
-    return [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
+    ended = episode_ends_by_run([r.pk for r in runs if not r.is_active])
+    out = [_outlook(run, forecasts=forecasts, flags=flags.get(run.pk, [])) for run in runs]
+    for outlook in out:
+        outlook.episode_end = ended.get(outlook.run.pk)
+    return out
 
 
 def outlook_for_run(*, run: Run, now: datetime) -> RunOutlook:
@@ -223,17 +243,43 @@ def episode_at_end(*, run: Run) -> Flag | None:
     """The row that closed the loss episode a run ended inside (forecasting.episodes: its
     explanation says how it stood, "... never recovered"), or None: the record of a divergence
     outlives the run."""
-    return (
+    return episode_ends_by_run([run.pk]).get(run.pk)
+
+
+def episode_ends_by_run(run_ids: list[int]) -> dict[int, Flag]:
+    """For each run, the row that closed the loss episode its latest end found open (1 query,
+    none without runs): how the run ended, for the board, the run page and the end message.
+
+    Only the latest end counts: an attempt that ended diverged and was resumed from a
+    checkpoint is not how the run ended once the resumed attempt finished (flags_close stamps
+    the attempt; a row from before it did counts as the current attempt's, as it did then).
+    """
+    if not run_ids:
+        return {}
+    attempt = Coalesce(
+        Cast(KT("data__attempt"), BigIntegerField()),
+        F("run__current_segment"),
+        output_field=BigIntegerField(),
+    )
+    rows = (
         Flag.objects.filter(
-            run=run,
+            run_id__in=run_ids,
             kind__in=Flag.DIVERGENCE_KINDS,
             state=Flag.State.RESOLVED,
             data__closed_by_run_end=True,
             data__has_key="episode_end",
         )
+        # Rows closed before the ending said its state have none: they count (a key that is
+        # absent compares as NULL, which a bare exclude() would drop).
+        .filter(~Q(data__episode__state="recovered") | Q(data__episode__state__isnull=True))
+        .annotate(attempt=attempt)
+        .filter(attempt=F("run__current_segment"))
         .order_by("-created_at", "-id")
-        .first()
     )
+    out: dict[int, Flag] = {}
+    for flag in rows:
+        out.setdefault(flag.run_id, flag)
+    return out
 
 
 def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_from: int, onset_to: int) -> bool:
@@ -241,3 +287,102 @@ def flag_exists(*, run: Run, kinds: tuple[str, ...], onset_from: int, onset_to: 
     # The (run, kind, created_at) index narrows it to the run's few rows of these kinds.
     rows = Flag.objects.filter(run=run, kind__in=kinds)
     return rows.filter(onset_step__gte=onset_from, onset_step__lte=onset_to).exists()
+
+
+# --- the record: each loss flag from its raise to its close ------------------------------------
+
+# How many of a run's newest rows of the kinds asked for `flag_spans` folds: one loss flag writes
+# a row per change of news (a raise, a moved rollback, a worse state, its close), a handful per
+# episode, so this holds hundreds of episodes; a span whose raise is older starts at its oldest
+# row read.
+FLAG_SPANS_ROWS = 2000
+
+
+@dataclass
+class FlagSpan:
+    """One flag from its raise to its close, or to now while open: a loss episode, a NaN, a
+    straggler. `said` is its newest row while open (what it last said: onset, rollback, the
+    episode's state), `closed` the row that closed it (None while open)."""
+
+    opened: Flag
+    said: Flag
+    closed: Flag | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.said.kind
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed is None
+
+    @property
+    def onset_step(self) -> int | None:
+        return self.said.onset_step
+
+    @property
+    def rollback_step(self) -> float | None:
+        value = self.said.data.get("rollback_step")
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def state(self) -> str | None:
+        """The episode's state as the flag last said it while open ("spiking", "diverged",
+        "recovering"); None for a NaN and for flags from before episodes."""
+        return episode_states.state_of(self.said.data)
+
+    @property
+    def ratio(self) -> float | None:
+        return _number(_episode(self.said.data).get("ratio"))
+
+    @property
+    def reference_level(self) -> float | None:
+        """The loss level before the onset that the episode is judged against."""
+        reference = _episode(self.said.data).get("reference")
+        return _number(reference.get("value")) if isinstance(reference, dict) else None
+
+    @property
+    def outcome(self) -> str | None:
+        """How it closed: "recovered" (the loss came back, forecasting.episodes), "not
+        recovered" (open when the run ended), "cleared" (the detectors stopped finding it);
+        None while open."""
+        if self.closed is None:
+            return None
+        data = self.closed.data if isinstance(self.closed.data, dict) else {}
+        if data.get("closed_by_run_end"):
+            return "not recovered"
+        return "recovered" if "episode_end" in data else "cleared"
+
+
+def _episode(data: object) -> dict[str, Any]:
+    episode = data.get("episode") if isinstance(data, dict) else None
+    return episode if isinstance(episode, dict) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def flag_spans(*, run: Run, kinds: tuple[str, ...]) -> list[FlagSpan]:
+    """The run's flags of these kinds, open or closed, oldest raise first (1 query): what the
+    run page's markers and the API's episodes draw from, so they outlive the run's end and its
+    resumes. One flag's rows are one span, however many times it was updated."""
+    rows = list(
+        Flag.objects.filter(run=run, kind__in=kinds).order_by("-created_at", "-id")[
+            :FLAG_SPANS_ROWS
+        ]
+    )
+    spans: list[FlagSpan] = []
+    current: dict[str, FlagSpan] = {}
+    for row in reversed(rows):  # oldest first, as they were written
+        span = current.get(row.kind)
+        if row.state == Flag.State.RESOLVED:
+            if span is not None:  # else: its raise is older than the rows read
+                span.closed = row
+                del current[row.kind]
+        elif span is None:
+            current[row.kind] = FlagSpan(opened=row, said=row)
+            spans.append(current[row.kind])
+        else:
+            span.said = row
+    return spans

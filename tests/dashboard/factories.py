@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from forecasting.conditions import Condition, Ending
+from forecasting.flags import flags_close, flags_sync
 from forecasting.models import Flag, Forecast
 from tracker.models import Deadline, Project, Run
-from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
+from tracker.services import SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
 T0 = 1.7e9
 
@@ -110,3 +112,75 @@ def flag(
         onset_step=onset,
         data=data,
     )
+
+
+# Loss kinds an episode flag holds (forecasting.episodes.EPISODE_KINDS).
+EPISODE_KINDS = tuple(k for k in Flag.DIVERGENCE_KINDS if k != Flag.Kind.NAN)
+
+
+def episode(
+    run: Run,
+    at: datetime,
+    *,
+    kind: str = "regression",
+    onset: int = 2500,
+    rollback: float | None = 2400.0,
+    state: str = "diverged",
+    ratio: float = 8.9,
+    level: float = 0.37,
+) -> list[Flag]:
+    """A loss episode's flag raised or updated as forecasting.episodes words it, written by the
+    one Flag writer (the rows it wrote: none when it is no news)."""
+    data = {
+        "onset_step": onset,
+        "rollback_step": rollback,
+        "episode": {
+            "reference": {
+                "onset_step": onset,
+                "level": float(np.log(level)),
+                "noise": 0.02,
+                "value": level,
+                "points": 200,
+            },
+            "state": state,
+            "ratio": ratio,
+            "level": ratio * level,
+            "since_step": None,
+        },
+    }
+    text = f"Loss diverged at step {onset:,} and has not come back: {ratio:.1f}x its level."
+    cond = Condition(kind, text, 1.0, onset, data)
+    return flags_sync(run=run, conditions=[cond], kinds=EPISODE_KINDS, now=at)
+
+
+def episode_recovered(run: Run, at: datetime, *, kind: str, onset: int) -> list[Flag]:
+    """The loss came back: the episode's flag closes saying so (forecasting.episodes)."""
+    text = f"Loss recovered from the blow-up at step {onset:,}: back at its level before it."
+    ending = Ending(text, {"episode": {"state": "recovered"}})
+    return flags_sync(
+        run=run, conditions=[], kinds=EPISODE_KINDS, now=at, resolutions={kind: ending}
+    )
+
+
+def ended_inside(
+    run: Run,
+    at: datetime,
+    *,
+    status: str = "finished",
+    kind: str = "regression",
+    onset: int = 2500,
+    back: bool = False,
+) -> Run:
+    """The run ends while its episode flag is open: its end closes the flag, "never recovered"
+    (or, `back`: the loss had come back just before the end, and the flag says so)."""
+    run = run_finish(run=run, status=status, ended_at=at)
+    text = (
+        f"The run {status} with its loss 8.9x its level before it (~0.37): diverged at step"
+        f" {onset:,} and never recovered."
+    )
+    ending = Ending(text, {"episode": {"state": "diverged"}})
+    if back:
+        text = f"Loss recovered from the blow-up at step {onset:,}: back at its level before it."
+        ending = Ending(text, {"episode": {"state": "recovered"}})
+    flags_close(run=run, reason=f"the run {status}", now=at, resolutions={kind: ending})
+    return run

@@ -6,9 +6,17 @@ import pytest
 from django.utils import timezone
 
 from dashboard.pages import board_for_user
-from tests.dashboard.factories import flag, forecast_set, make_run
+from tests.dashboard.factories import (
+    ended_inside,
+    episode,
+    episode_recovered,
+    flag,
+    forecast_set,
+    make_run,
+)
 from tracker.models import Run
 from tracker.project_settings.services import deadline_create
+from tracker.services import run_finish, run_start
 
 pytestmark = pytest.mark.django_db
 
@@ -179,3 +187,53 @@ def test_a_cut_run_name_reads_in_full_on_hover(client, member, project):
     client.force_login(member)
     html = client.get("/").content.decode()
     assert 'title="BERT divergence drill (real curve, injected NaN)"' in html
+
+
+def _flags_cell(html: str, run_id: str) -> str:
+    row = html[html.index(f'href="/runs/llm/{run_id}/"') :]
+    cell = row[row.index('<td class="flags">') :]
+    return cell[: cell.index("</td>")]
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_a_run_that_ended_inside_a_loss_episode_says_so_in_its_flags_column(
+    client, member, project, n, django_assert_max_num_queries
+):
+    # Issue 22: a finished run that ended diverged read "none" in the Flags column: its end
+    # closed the episode's flag, and the column showed open flags only.
+    now = timezone.now()
+    for i in range(n):
+        run = make_run(project, f"diverged-{i}", points=10)
+        episode(run, now - timedelta(hours=1))
+        ended_inside(run, now - timedelta(minutes=50), status="finished" if i else "failed")
+    back = make_run(project, "back", points=10)  # its loss came back, then it finished
+    episode(back, now - timedelta(hours=1), kind="spike", onset=300, state="spiking")
+    episode_recovered(back, now - timedelta(minutes=55), kind="spike", onset=300)
+    run_finish(run=back, status="finished", ended_at=now - timedelta(minutes=50))
+    # Ended diverged, was resumed from the checkpoint before the onset, and finished: that
+    # attempt's end is how the run ended, not the one before it.
+    rolled = make_run(project, "rolled-back", points=10)
+    episode(rolled, now - timedelta(hours=2))
+    ended_inside(rolled, now - timedelta(minutes=100), status="crashed")
+    run_start(project=project, public_id="rolled-back", session="s2", started_at=now, fields={})
+    run_finish(run=rolled, status="finished", ended_at=now - timedelta(minutes=10), session="s2")
+    # Its loss came back just before its end, which closed the flag saying so: not diverged.
+    late = make_run(project, "back-at-the-end", points=10)
+    episode(late, now - timedelta(hours=1), kind="spike", onset=300, state="spiking")
+    ended_inside(late, now - timedelta(minutes=50), kind="spike", onset=300, back=True)
+    client.force_login(member)
+    # The board's 7, and one for the episodes the ended runs' ends closed, whatever their number.
+    with django_assert_max_num_queries(8):
+        html = client.get("/").content.decode()
+    for i in range(n):
+        cell = _flags_cell(html, f"diverged-{i}")
+        assert ">diverged at step 2,500, not recovered</span>" in cell
+        assert 'title="The run ' in cell and "never recovered." in cell  # what its flag said
+    assert _flags_cell(html, "back").endswith('<span class="muted">none</span>')
+    assert _flags_cell(html, "rolled-back").endswith('<span class="muted">none</span>')
+    assert _flags_cell(html, "back-at-the-end").endswith('<span class="muted">none</span>')
+    # The run page says as much as the board.
+    card = client.get("/runs/llm/rolled-back/summary/").content.decode()
+    assert "never recovered" not in card and '<div class="big">healthy</div>' in card
+    card = client.get("/runs/llm/diverged-0/summary/").content.decode()
+    assert '<div class="big">diverged</div>' in card

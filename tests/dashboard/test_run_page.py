@@ -1,9 +1,19 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
-from tests.dashboard.factories import flag, forecast, forecast_set, make_run
+from tests.dashboard.factories import (
+    T0,
+    ended_inside,
+    episode,
+    episode_recovered,
+    flag,
+    forecast,
+    forecast_set,
+    make_run,
+)
 from tracker.models import Event
 from tracker.selectors import series_last, throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
@@ -114,6 +124,96 @@ def test_overview_carries_eta_history_forecast_fan_and_markers(client, member, p
     assert fan["p50"][-1] == pytest.approx(3.0)
     kinds = {(m["kind"], m["step"]) for m in d["markers"]}
     assert {("checkpoint", 1000.0), ("onset", 1500.0), ("rollback", 1000.0)} <= kinds
+
+
+def _marks(client, run_id: str) -> list[tuple[str, float, str]]:
+    markers = client.get(f"/runs/llm/{run_id}/overview.json").json()["markers"]
+    return [(m["kind"], m["step"], m["label"]) for m in markers if m["kind"] != "checkpoint"]
+
+
+@pytest.mark.parametrize("earlier", [1, 30])
+def test_a_finished_runs_chart_keeps_the_onset_and_rollback_of_its_episodes(
+    client, member, project, earlier, django_assert_max_num_queries
+):
+    # Issue 22: after the run finished, the chart had no onset or rollback marker: they were
+    # drawn from the open flags only, and the run's end closes every flag.
+    run = make_run(project, "ended", points=10)
+    now = timezone.now()
+    for i in range(earlier):  # spikes that came back, each its own episode
+        onset = 100 + 10 * i
+        at = now - timezone.timedelta(hours=2, minutes=-i)
+        episode(run, at, kind="spike", onset=onset, rollback=float(onset - 50), state="spiking")
+        episode_recovered(run, at + timezone.timedelta(seconds=30), kind="spike", onset=onset)
+    t = now - timezone.timedelta(hours=1)
+    episode(run, t, state="spiking", ratio=80.0)
+    episode(run, t + timezone.timedelta(seconds=15))  # escalated in the same flag: diverged
+    ended_inside(run, t + timezone.timedelta(minutes=5))
+    client.force_login(member)
+    with django_assert_max_num_queries(14):  # as many whatever the number of episodes
+        marks = _marks(client, "ended")
+    # One marker per onset and per rollback, though its rows raised, updated and closed it.
+    assert [m for m in marks if m[1] >= 2400] == [
+        ("rollback", 2400.0, "checkpoint before the regression (not recovered)"),
+        ("onset", 2500.0, "regression onset (not recovered)"),
+    ]
+    assert ("onset", 100.0, "spike onset (recovered)") in marks
+    assert ("rollback", 50.0, "checkpoint before the spike (recovered)") in marks
+    assert len(marks) == 2 * earlier + 2
+
+
+def test_an_open_episode_keeps_its_markers_beside_the_closed_ones(client, member, project):
+    run = make_run(project, "live", points=10)
+    now = timezone.now()
+    episode(run, now - timezone.timedelta(hours=1), kind="spike", onset=300, rollback=200.0)
+    episode_recovered(run, now - timezone.timedelta(minutes=50), kind="spike", onset=300)
+    episode(run, now, kind="spike", onset=900, rollback=800.0, state="spiking")
+    client.force_login(member)
+    assert _marks(client, "live") == [
+        ("rollback", 200.0, "checkpoint before the spike (recovered)"),
+        ("onset", 300.0, "spike onset (recovered)"),
+        ("rollback", 800.0, "suggested rollback"),
+        ("onset", 900.0, "spike onset"),
+    ]
+
+
+def test_the_drill_keeps_where_it_went_nan_across_its_crash_and_resume(client, member, project):
+    # The demo's drill (demo/replay.py `drill`): checkpoints, the loss goes NaN, the job dies;
+    # it is resumed from the last checkpoint before the NaN and finishes. The resumed attempt
+    # re-logs those steps (so the chart's NaN points are gone) and the crash closed the NaN
+    # flag: nothing marked where it went NaN any more.
+    from forecasting import compute
+    from tracker.models import RunSegment
+
+    def at(seconds: float):
+        return from_epoch(T0 + seconds)
+
+    run = make_run(project, "drill", points=1000, chunk=500)  # steps 0-999 at 2 a second
+    RunSegment.objects.filter(run=run).update(started_at=at(0))  # on the test's clock
+    steps = np.arange(1000, 1200)
+    checkpoints = [EventIn("checkpoint", s, at(s / 2), {"path": f"ckpt/{s}"}) for s in (400, 800)]
+    nan = [SeriesIn("loss", steps, np.full(steps.size, np.nan), T0 + steps / 2)]
+    batch_ingest(run=run, session="s", seq=3, series=nan, events=checkpoints, heartbeat=None)
+    compute.forecast_compute(run_id=run.pk, now=at(600))
+    run = run_finish(run=run, status="crashed", ended_at=at(601))
+    compute.forecast_compute(run_id=run.pk, now=at(602))
+
+    run_start(project=project, public_id="drill", session="s2", started_at=at(720), fields={})
+    RunSegment.objects.filter(run=run, session="s2").update(started_at=at(720))
+    steps = np.arange(801, 2000)
+    again = [SeriesIn("loss", steps, 3.0 + np.exp(-steps / 5000), T0 + 720 + (steps - 800) / 2)]
+    resumed = [EventIn("resume", 800, at(720), {"checkpoint": "ckpt/800"})]
+    batch_ingest(run=run, session="s2", seq=1, series=again, events=resumed, heartbeat=None)
+    compute.forecast_compute(run_id=run.pk, now=at(1330))
+    run = run_finish(run=run, status="finished", ended_at=at(1340), session="s2")
+    compute.forecast_compute(run_id=run.pk, now=at(1341))
+
+    client.force_login(member)
+    marks = _marks(client, "drill")
+    assert ("onset", 1000.0, "nan onset (not recovered)") in marks
+    assert ("rollback", 800.0, "checkpoint before the nan (not recovered)") in marks
+    # Resumed from the checkpoint before the NaN, it finished: it did not end inside an episode.
+    html = client.get("/runs/llm/drill/summary/").content.decode()
+    assert "never recovered" not in html
 
 
 def test_throughput_is_steps_per_second_from_the_progress_series(member, project):

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import numpy as np
 import pytest
+from django.utils import timezone
 
 from forecasting import compute
+from forecasting.conditions import Condition
 from forecasting.estimators import thresholds as th
+from forecasting.flags import flags_sync
+from tests.dashboard.factories import ended_inside, episode, episode_recovered, make_run
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 pytestmark = pytest.mark.django_db
@@ -57,3 +63,55 @@ def test_it_needs_the_read_scope_and_hides_other_projects(
     theirs = token_create(project=other_project, name="r", scope="read")
     assert api("GET", "/runs/r1/forecast", theirs).status_code == 404
     assert api("GET", "/runs/r1/forecast", None).status_code == 401
+
+
+def test_it_returns_the_runs_loss_episodes_open_or_closed(api, read_token, project):
+    # Issue 22: once the run ended, its episodes were nowhere in the API (open flags only).
+    run = make_run(project, "r1", points=10)
+    now = timezone.now().replace(microsecond=0)  # the API writes milliseconds
+    episode(run, now - timedelta(hours=3), kind="spike", onset=300, rollback=200.0, state="spiking")
+    episode_recovered(run, now - timedelta(hours=2), kind="spike", onset=300)
+    nan = Condition("nan", "Loss became NaN/Inf at step 1,800.", 1.0, 1800, {"rollback_step": 1600})
+    flags_sync(run=run, conditions=[nan], kinds=(), now=now - timedelta(minutes=90))
+    episode(run, now - timedelta(hours=1), state="spiking", ratio=80.0)
+    episode(run, now - timedelta(minutes=59))  # escalated: diverged, 8.9x
+    (*_, live) = api("GET", "/runs/r1/forecast", read_token).json()["loss_episodes"]
+    assert (live["kind"], live["open"], live["state"], live["ratio"]) == (
+        "regression",
+        True,
+        "diverged",
+        8.9,
+    )
+    assert live["outcome"] is None and live["closed_at"] is None and live["closing"] is None
+    ended_inside(run, now - timedelta(minutes=30))
+
+    res = api("GET", "/runs/r1/forecast", read_token)
+    assert res.status_code == 200, res.content
+    spike, went_nan, regression = res.json()["loss_episodes"]
+    assert spike["kind"] == "spike" and not spike["open"]
+    assert (spike["state"], spike["outcome"]) == ("spiking", "recovered")
+    assert (spike["onset_step"], spike["rollback_step"]) == (300, 200.0)
+    assert spike["closing"].startswith("Loss recovered from the blow-up at step 300")
+    assert (went_nan["kind"], went_nan["onset_step"], went_nan["rollback_step"]) == (
+        "nan",
+        1800,
+        1600,
+    )
+    assert went_nan["state"] is None and went_nan["outcome"] == "not recovered"
+    assert regression == {
+        "kind": "regression",
+        "open": False,
+        "state": "diverged",
+        "outcome": "not recovered",
+        "onset_step": 2500,
+        "rollback_step": 2400.0,
+        "ratio": 8.9,
+        "reference_level": 0.37,
+        "opened_at": regression["opened_at"],
+        "closed_at": regression["closed_at"],
+        "explanation": "Loss diverged at step 2,500 and has not come back: 8.9x its level.",
+        "closing": "The run finished with its loss 8.9x its level before it (~0.37): diverged"
+        " at step 2,500 and never recovered.",
+    }
+    opened, closed = (datetime.fromisoformat(regression[k]) for k in ("opened_at", "closed_at"))
+    assert (opened, closed) == (now - timedelta(hours=1), now - timedelta(minutes=30))
