@@ -299,7 +299,17 @@ def _reference_for(
     from before its onset (the estimate moved earlier) or after it had recovered (a new
     episode)."""
     back = None
-    if ref is not None and onset >= ref.onset_step:
+    if ref is not None and onset < ref.onset_step:
+        # A detector that puts the onset earlier is not by itself an earlier start: the
+        # regression's block medians and the rise's CUSUM are coarse (an LR x100 jump at step
+        # 801 read as "diverged at step 800", and the rollback moved from checkpoint 800 to
+        # 700). The start moves earlier where the change-point search, run again up to the
+        # episode's onset with the points since, finds it earlier.
+        earlier = ep.onset_search(steps, values, ref.onset_step)
+        if earlier >= ref.onset_step:
+            return ref
+        return ep.reference_before(steps, values, earlier) or ref
+    if ref is not None:
         j = judge(ref)
         back = j.since_step if j is not None else None
         over = j is not None and j.state == "recovered" and onset >= (back or onset)
