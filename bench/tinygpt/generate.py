@@ -14,6 +14,7 @@ import csv
 import math
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,18 @@ SCENARIOS = (
 )
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The model and batch a training uses: the set's, or a smaller one for a test that must
+    finish in seconds (tests/forecasting/test_episode_end_to_end.py)."""
+
+    width: int = WIDTH
+    layers: int = LAYERS
+    heads: int = HEADS
+    context: int = CONTEXT
+    batch: int = BATCH
+
+
 @dataclass
 class Result:
     scenario: Scenario
@@ -88,10 +101,10 @@ def learning_rate(sc: Scenario, step: int, total: int) -> float:
 
 
 def batch(
-    data: torch.Tensor, gen: torch.Generator, sc: Scenario, step: int
+    data: torch.Tensor, gen: torch.Generator, sc: Scenario, step: int, shape: Shape = Shape()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    starts = torch.randint(0, len(data) - CONTEXT - 1, (BATCH,), generator=gen)
-    seq = torch.stack([data[s : s + CONTEXT + 1] for s in starts.tolist()])
+    starts = torch.randint(0, len(data) - shape.context - 1, (shape.batch,), generator=gen)
+    seq = torch.stack([data[s : s + shape.context + 1] for s in starts.tolist()])
     if sc.fault == "corrupt" and sc.at <= step < sc.at + sc.length:
         if sc.variant == "random":
             seq = torch.randint(0, len(VOCAB), seq.shape, generator=gen)
@@ -108,18 +121,28 @@ def grad_norms(model: TinyGPT) -> dict[str, float]:
     return out
 
 
-def evaluate(model: TinyGPT, held_out: torch.Tensor) -> float:
+def evaluate(model: TinyGPT, held_out: torch.Tensor, shape: Shape = Shape()) -> float:
     gen = torch.Generator().manual_seed(0)  # the same batches at every evaluation
+    plain = Scenario("", 0, 0)
     with torch.no_grad():
-        losses = [float(model(*batch(held_out, gen, Scenario("", 0, 0), 0))) for _ in range(4)]
+        losses = [float(model(*batch(held_out, gen, plain, 0, shape))) for _ in range(EVAL_BATCHES)]
     return sum(losses) / len(losses)
 
 
-def train(sc: Scenario, total: int, text: torch.Tensor) -> Result:
+def train(
+    sc: Scenario,
+    total: int,
+    text: torch.Tensor,
+    *,
+    shape: Shape = Shape(),
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> Result:
+    """Train one scenario; `on_row` is handed each row as it is made (a test logs it through
+    the runcast client while the training goes on, checkpoints after the rows of their steps)."""
     torch.manual_seed(sc.seed)
     split = int(0.9 * len(text))
     train_data, held_out = text[:split], text[split:]
-    model = TinyGPT(len(VOCAB), WIDTH, LAYERS, HEADS, CONTEXT)
+    model = TinyGPT(len(VOCAB), shape.width, shape.layers, shape.heads, shape.context)
     opt = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(sc.seed)
     out = Result(sc)
@@ -130,7 +153,7 @@ def train(sc: Scenario, total: int, text: torch.Tensor) -> Result:
     for step in range(1, total + 1):
         for group in opt.param_groups:
             group["lr"] = learning_rate(sc, step, total)
-        x, y = batch(train_data, gen, sc, step)
+        x, y = batch(train_data, gen, sc, step, shape)
         loss = model(x, y)
         if sc.fault == "nan" and step == sc.at:
             # A bad op in the loss: NaN gradients, NaN weights, NaN from here on.
@@ -150,11 +173,13 @@ def train(sc: Scenario, total: int, text: torch.Tensor) -> Result:
                 "total_steps": total,
                 "elapsed_s": round(now - began, 3),
                 "train_loss": float(np.mean(window)),  # NaN when any step of it was
-                "val_loss": evaluate(model, held_out) if step % EVAL_EVERY == 0 else None,
+                "val_loss": evaluate(model, held_out, shape) if step % EVAL_EVERY == 0 else None,
                 "step_ms": round(1000 * (now - window_began) / len(window), 3),
                 **norms,
             }
             out.rows.append(row)
+            if on_row is not None:
+                on_row(row)
             window, window_began, norms = [], time.perf_counter(), {}
         if sc.variant == "stop" and step >= sc.at + sc.length:
             break  # the job's NaN guard gives up
