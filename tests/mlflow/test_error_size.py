@@ -18,11 +18,11 @@ MAX_BODY = 1_000
 
 
 def _call(client: Client, token: str, method: str, path: str, data: dict[str, Any]) -> Any:
-    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    auth = {"Authorization": f"Bearer {token}"}
     url = f"/api/2.0/mlflow/{path}"
     if method == "GET":
-        return client.get(url, data, **auth)
-    return client.post(url, data=json.dumps(data), content_type="application/json", **auth)
+        return client.get(url, data, headers=auth)
+    return client.post(url, data=json.dumps(data), content_type="application/json", headers=auth)
 
 
 def _run(client: Client, token: str) -> str:
@@ -81,7 +81,7 @@ KEY = "k" * 250
 LONG_NAME = "n" * 500
 RUN = "<the run's id>"
 DUPLICATES = [{"key": f"{i:03d}" + "p" * 247, "value": "1"} for i in range(50)] * 2
-QUOTING = {
+QUOTING: dict[str, tuple[str, str, dict[str, Any]]] = {
     "a filter": ("POST", "runs/search", {"experiment_ids": ["0"], "filter": "params.a ~ " + HUGE}),
     "an order": ("POST", "runs/search", {"experiment_ids": ["0"], "order_by": ["." + HUGE]}),
     "a filter key": (
