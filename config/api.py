@@ -7,6 +7,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, ValidationError
 from ninja.errors import HttpError as NinjaHttpError
 
+from config import errors
 from forecasting.api import router as forecasting_router
 from tracker.api.gpu import router as gpu_router
 from tracker.api.views import router as tracker_router
@@ -64,3 +65,10 @@ def _auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
 @api.exception_handler(NinjaHttpError)
 def _http_error(request: HttpRequest, exc: NinjaHttpError) -> HttpResponse:
     return api.create_response(request, {"error": str(exc), "field": None}, status=exc.status_code)
+
+
+@api.exception_handler(Exception)
+def _unhandled_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    # Replaces ninja's default, which re-raises to Django's HTML 500 page (or, with DEBUG, answers
+    # the traceback as text): a database outage is 503 with Retry-After, anything else 500.
+    return errors.api_error_response(request, exc)

@@ -8,6 +8,9 @@ from config.api import api
 from config.views import healthz
 from dashboard.login import LoginView
 
+# /api/v1/ and /healthz answer JSON for an error no view handled; pages keep the HTML page.
+handler500 = "config.errors.server_error"
+
 urlpatterns = [
     path("api/v1/", api.urls),
     # The MLflow tracking REST API, so stock MLflow clients log here (docs/mlflow.md).

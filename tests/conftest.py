@@ -18,7 +18,8 @@ from tracker.models import ApiToken, Membership, Project
 from tracker.services import token_create
 
 # The local SMTP server, HTTP sink and alert fixtures: alert pages are tested under tests/dashboard.
-pytest_plugins = ["tests.alerts.fixtures"]
+# tests.servers: a PostgreSQL cluster a test may stop, and a web server in a subprocess on it.
+pytest_plugins = ["tests.alerts.fixtures", "tests.servers"]
 
 
 @pytest.fixture(autouse=True)

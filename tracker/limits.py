@@ -32,3 +32,13 @@ MAX_TIMING_STEPS_PER_BATCH = 20_000
 MAX_RANK = 10_000_000  # the same bound as a run's world size
 # A step time is seconds; over a day it is a unit mistake (milliseconds), not a step.
 MAX_STEP_SECONDS = 86_400.0
+# An error message quotes at most this much of the input it refuses: a 100 KB run id once came
+# back whole in a 404. Ids (64 characters at most) still show in full.
+MAX_ECHO_CHARS = 64
+
+
+def echo(text: str) -> str:
+    """`text` as an error message may quote it: whole when short, else its head and length."""
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return f"{text[:MAX_ECHO_CHARS]}… ({len(text):,} characters)"

@@ -29,18 +29,26 @@ PERMANENT_CODES = frozenset(
 
 
 def blocks(message: Message) -> dict[str, Any]:
+    # Every string below may carry a member's words (a run, host or deadline name): each is
+    # escaped here, once, where it becomes Slack text, and nowhere before.
     fields = [
-        {"type": "mrkdwn", "text": f"*{label}*\n{value}"} for label, value in message.facts[:10]
+        {"type": "mrkdwn", "text": f"*{esc(label, limit=200)}*\n{esc(value, limit=1700)}"}
+        for label, value in message.facts[:10]
     ]
     body: list[dict[str, Any]] = [
         {
             "type": "section",
-            "text": {"type": "mrkdwn", "text": f"{_mark(message)} *{_esc(message.headline)}*"},
+            "text": {
+                "type": "mrkdwn",
+                "text": f"{_mark(message)} *{esc(message.headline, limit=2900)}*",
+            },
         }
     ]
     explanation = message.payload.get("explanation")
     if explanation:
-        body.append({"type": "section", "text": {"type": "mrkdwn", "text": _esc(explanation)}})
+        body.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": esc(explanation, limit=2900)}}
+        )
     if fields:
         body.append({"type": "section", "fields": fields})
     body.append(
@@ -55,8 +63,9 @@ def blocks(message: Message) -> dict[str, Any]:
             ],
         }
     )
-    # `text` is the notification preview and what clients without Block Kit show.
-    return {"text": message.headline[:3000], "blocks": body}
+    # `text` is the notification preview and what clients without Block Kit show: Slack reads
+    # mrkdwn there too, so a run named "<!channel>" would page the whole channel.
+    return {"text": esc(message.headline, limit=3000), "blocks": body}
 
 
 def _mark(message: Message) -> str:
@@ -65,9 +74,18 @@ def _mark(message: Message) -> str:
     )
 
 
-def _esc(text: str) -> str:
-    # Slack mrkdwn treats these three as control characters.
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")[:2900]
+def esc(text: str, *, limit: int) -> str:
+    """Escape Slack's three control characters (api.slack.com/reference/surfaces/formatting
+    "Escaping text") and cut to `limit` characters, never inside an entity: a stray "&l" is
+    shown as is."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if len(escaped) <= limit:
+        return escaped
+    cut = escaped[: limit - 1]
+    amp = cut.rfind("&", max(0, len(cut) - 4))
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + "…"
 
 
 class SlackTransport(Transport):

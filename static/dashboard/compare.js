@@ -23,14 +23,27 @@
       const c = colors[i % colors.length];
       tables.push([d.x, R.ema(d.mean, Math.max(3, Math.round(d.x.length / 60)))]);
       opts.push({ label: runs[i].name, stroke: c, width: 2, points: { show: false } });
-      const f = overviews[i].loss_forecast;
+      // The dashed line is the run's loss forecast: drawn over its loss key only, never under
+      // another key's name.
+      const f = key(i) === overviews[i].loss_key ? overviews[i].loss_forecast : null;
       tables.push(f ? [f.x, f.p50] : [[], []]);
       opts.push({ label: runs[i].name + " forecast", stroke: c, width: 1.5, dash: [6, 4], spanGaps: true, points: { show: false } });
     });
     const usable = tables.filter((t) => t[0].length);
-    const data = uPlot.join(usable);
+    // uPlot.join needs at least one table: with none (no run logs the key, or none in the
+    // zoomed range) the chart is drawn empty on fixed scales rather than not at all.
+    const empty = !usable.length;
+    const data = empty ? [[]] : uPlot.join(usable);
     const kept = [opts[0]].concat(opts.slice(1).filter((_, i) => tables[i][0].length));
-    const log = logBox.checked && R.positive(series.map((d) => d.mean));
+    const log = !empty && logBox.checked && R.positive(series.map((d) => d.mean));
+    // x_min is null only for a run with no point of the key at all (not one zoomed past them).
+    const missing = runs.map((_, i) => i).filter((i) => series[i].x_min == null);
+    const keys = [...new Set(missing.map(key))].join(" or ");
+    document.getElementById("compare-note").textContent = !missing.length
+      ? ""
+      : missing.length === runs.length
+        ? "No run logs " + keys + "."
+        : missing.map((i) => runs[i].name).join(", ") + (missing.length === 1 ? " does" : " do") + " not log " + keys + ".";
     const rows = runs.map((r, i) => {
       const l = overviews[i].loss;
       return "<tr><td><i class='sw' style='background:" + colors[i % colors.length] + "'></i>" + esc(r.name) + "</td><td>" + esc(key(i)) + "</td><td>" +
@@ -43,8 +56,12 @@
       data,
       opts: {
         height: 420,
-        scales: { x: { time: false }, y: log ? { distr: 3, range: R.logRange } : {} },
-        axes: [{ values: R.fmtStep, label: "step", labelSize: 18 }, { size: 56 }],
+        scales: {
+          // Empty: the chosen runs' steps so far on x, nothing to read on y.
+          x: empty ? { time: false, auto: false, range: [0, Math.max(1, ...overviews.map((o) => o.last_step || 0))] } : { time: false },
+          y: empty ? { auto: false, range: [0, 1] } : log ? { distr: 3, range: R.logRange } : {},
+        },
+        axes: [{ values: R.fmtStep, label: "step", labelSize: 18 }, empty ? { size: 56, values: (u, vals) => vals.map(() => "") } : { size: 56 }],
         series: kept,
         hooks: { ready: [(u) => (window.runcastCharts.compare = u)] },
       },
@@ -52,5 +69,5 @@
   });
   logBox.addEventListener("change", () => chart.load());
   document.querySelector("[data-reset=compare]").addEventListener("click", () => chart.reset());
-  chart.load();
+  chart.load().then(() => (el.dataset.ready = "1"));
 })();

@@ -6,6 +6,8 @@ the same exception it would get from an MLflow server.
 
 from __future__ import annotations
 
+from tracker.limits import echo
+
 # The statuses MLflow's server gives each code (mlflow/exceptions.py). 5xx and 429 are retried
 # by the client; a refusal of the request itself never is.
 STATUS = {
@@ -50,4 +52,4 @@ def not_found(message: str) -> MlflowError:
 
 
 def run_not_found(run_id: str) -> MlflowError:
-    return not_found(f"Run with id={run_id} not found")
+    return not_found(f"Run with id={echo(run_id)} not found")

@@ -34,6 +34,10 @@ MAX_ENTITY_KEY_LENGTH = 250
 MAX_RESULTS_SEARCH = 50000
 # Runcast's own, tighter where its storage is: a metric key is at most 200 characters.
 MAX_METRIC_KEY_LENGTH = min(MAX_ENTITY_KEY_LENGTH, limits.MAX_KEY_LENGTH)
+# No run or experiment has a longer id (Run.public_id, Experiment.public_id): a longer one is
+# refused naming its field, not looked up and answered "not found".
+MAX_RUN_ID_LENGTH = 64
+MAX_EXPERIMENT_ID_LENGTH = 32
 
 _NAME = re.compile(r"^[/\w.\- :]*$")
 _NON_FINITE = {"nan": math.nan, "infinity": math.inf, "-infinity": -math.inf, "inf": math.inf}
@@ -44,7 +48,7 @@ MAX_TIMESTAMP_MS = int(limits.MAX_EPOCH_S * 1000)
 def invalid_value(path: str, value: Any, why: str | None = None) -> MlflowError:
     shown = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     tail = f": {why}" if why else "."
-    return invalid(f"Invalid value {shown[:300]} for parameter '{path}' supplied{tail}")
+    return invalid(f"Invalid value {limits.echo(shown)} for parameter '{path}' supplied{tail}")
 
 
 def too_long(path: str, limit: int) -> MlflowError:
@@ -91,10 +95,19 @@ def string(data: dict[str, Any], name: str, *, required: bool = False, path: str
 
 def run_id_of(data: dict[str, Any]) -> str:
     # Clients send both `run_id` and the deprecated `run_uuid`; either names the run.
-    run_id = string(data, "run_id") or string(data, "run_uuid")
+    run_id = string(data, "run_id")
+    field = "run_id"
+    if not run_id:
+        run_id, field = string(data, "run_uuid"), "run_uuid"
     if not run_id:
         raise missing("run_id")
-    return run_id
+    return id_checked(run_id, field, MAX_RUN_ID_LENGTH)
+
+
+def id_checked(value: str, path: str, limit: int) -> str:
+    if len(value) > limit:
+        raise too_long(path, limit)
+    return value
 
 
 def integer(value: Any, path: str, *, default: int | None = None) -> int | None:
@@ -165,7 +178,7 @@ def check_name(name: str, path: str) -> None:
             path,
             name,
             "Names may be treated as files in certain cases, and must not resolve to other "
-            f"names when treated as such. This name would resolve to {norm!r}",
+            f"names when treated as such. This name would resolve to {limits.echo(norm)!r}",
         )
 
 
@@ -213,8 +226,11 @@ def params_of(items: list[Any], *, path: str = "params") -> list[KeyValue]:
     keys = [p.key for p in params]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
+        shown = [limits.echo(k) for k in dupes[:5]] + (
+            [f"{len(dupes) - 5} more"] if len(dupes) > 5 else []
+        )
         raise invalid(
-            f"Duplicate parameter keys have been submitted: {dupes}. Please ensure the request "
+            f"Duplicate parameter keys have been submitted: {shown}. Please ensure the request "
             "contains only one param value per param key."
         )
     return params
@@ -254,8 +270,8 @@ def metric_of(item: Any, path: str) -> MetricIn:
         raise invalid_value(
             f"{p}timestamp",
             timestamp,
-            f"metric '{key}' (value={value}). Timestamp must be a nonnegative long (64-bit "
-            f"integer) of milliseconds since the epoch, at most {MAX_TIMESTAMP_MS}",
+            f"metric '{limits.echo(key)}' (value={value}). Timestamp must be a nonnegative long "
+            f"(64-bit integer) of milliseconds since the epoch, at most {MAX_TIMESTAMP_MS}",
         )
     step = integer(item.get("step"), f"{p}step", default=0)
     assert step is not None

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from tracker import limits
 from tracker import services as tracker_services
+from tracker.limits import echo
 from tracker.mlflow.errors import MlflowError, invalid, not_found
 from tracker.mlflow.models import (
     DEFAULT_EXPERIMENT_ID,
@@ -109,7 +110,9 @@ def _new_experiment_id() -> str:
 def experiment_create(*, project: Project, name: str, tags: dict[str, str]) -> Experiment:
     experiment_default(project=project)
     if Experiment.objects.filter(project=project, name=name).exists():
-        raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS")
+        raise MlflowError(
+            f"Experiment(name={echo(name)}) already exists.", "RESOURCE_ALREADY_EXISTS"
+        )
     for _ in range(5):
         try:
             with transaction.atomic():
@@ -119,7 +122,7 @@ def experiment_create(*, project: Project, name: str, tags: dict[str, str]) -> E
         except IntegrityError:
             if Experiment.objects.filter(project=project, name=name).exists():
                 raise MlflowError(
-                    f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS"
+                    f"Experiment(name={echo(name)}) already exists.", "RESOURCE_ALREADY_EXISTS"
                 ) from None
     raise MlflowError("could not allocate an experiment id; retry", "TEMPORARILY_UNAVAILABLE")
 
@@ -129,7 +132,9 @@ def experiment_rename(*, experiment: Experiment, name: str) -> None:
         raise invalid("The default experiment cannot be renamed in Runcast.")
     clash = Experiment.objects.filter(project=experiment.project_id, name=name)
     if clash.exclude(pk=experiment.pk).exists():
-        raise MlflowError(f"Experiment(name={name}) already exists.", "RESOURCE_ALREADY_EXISTS")
+        raise MlflowError(
+            f"Experiment(name={echo(name)}) already exists.", "RESOURCE_ALREADY_EXISTS"
+        )
     Experiment.objects.filter(pk=experiment.pk).update(name=name, updated_at=timezone.now())
 
 
@@ -208,7 +213,7 @@ def run_create(
         fields={"name": name, "tags": _labels(link, experiment)},
     )
     if not start.created:
-        raise MlflowError(f"Run with id={run_id} already exists.", "RESOURCE_ALREADY_EXISTS")
+        raise MlflowError(f"Run with id={echo(run_id)} already exists.", "RESOURCE_ALREADY_EXISTS")
     link.run = start.run
     link.save()
     run = start.run
@@ -304,9 +309,9 @@ def _params_tags_store(*, link: RunLink, params: list[KeyValue], tags: list[KeyV
         old = config.get(p.key)
         if old is not None and str(old) != p.value:
             raise invalid(
-                f"Changing param values is not allowed. Param with key='{p.key}' was already "
-                f"logged with value='{old}' for run ID='{run.public_id}'. Attempted logging new "
-                f"value '{p.value}'."
+                f"Changing param values is not allowed. Param with key='{echo(p.key)}' was "
+                f"already logged with value='{echo(str(old))}' for run ID='{run.public_id}'. "
+                f"Attempted logging new value '{echo(p.value)}'."
             )
         config[p.key] = p.value
     if len(json.dumps(config, default=str)) > limits.MAX_CONFIG_BYTES:
@@ -333,7 +338,7 @@ def _params_tags_store(*, link: RunLink, params: list[KeyValue], tags: list[KeyV
 def run_delete_tag(*, link: RunLink, key: str) -> None:
     fresh = RunLink.objects.select_for_update().select_related("experiment", "run").get(pk=link.pk)
     if key not in fresh.tags:
-        raise not_found(f"No tag with name: {key} in run with id {fresh.run.public_id}")
+        raise not_found(f"No tag with name: {echo(key)} in run with id {fresh.run.public_id}")
     del fresh.tags[key]
     fresh.save(update_fields=["tags"])
     Run.objects.filter(pk=fresh.run_id).update(tags=_labels(fresh, fresh.experiment))

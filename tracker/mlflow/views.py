@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from tracker import query
 from tracker import services as tracker_services
+from tracker.limits import echo
 from tracker.mlflow import parsing, search, selectors, services
 from tracker.mlflow.errors import MlflowError, invalid, not_found, run_not_found
 from tracker.mlflow.models import DEFAULT_EXPERIMENT_ID, Experiment, RunLink
@@ -46,10 +47,11 @@ class Call:
 def _experiment(call: Call, experiment_id: str) -> Experiment:
     if experiment_id in ("", DEFAULT_EXPERIMENT_ID):
         return services.experiment_default(project=call.project)
+    parsing.id_checked(experiment_id, "experiment_id", parsing.MAX_EXPERIMENT_ID_LENGTH)
     experiment = selectors.experiment_find(project=call.project, public_id=experiment_id)
     if experiment is None:
         # Another project's experiment is indistinguishable from a missing one.
-        raise not_found(f"No Experiment with id={experiment_id} exists")
+        raise not_found(f"No Experiment with id={echo(experiment_id)} exists")
     return experiment
 
 
@@ -60,7 +62,7 @@ def _link(call: Call, *, active: bool = False) -> RunLink:
         raise run_not_found(run_id)
     if active and link.lifecycle_stage != RunLink.Stage.ACTIVE:
         raise invalid(
-            f"The run {run_id} must be in the 'active' state. "
+            f"The run {echo(run_id)} must be in the 'active' state. "
             f"Current state is {link.lifecycle_stage}."
         )
     return link
@@ -70,11 +72,11 @@ def _link(call: Call, *, active: bool = False) -> RunLink:
 
 
 def experiment_get_by_name(call: Call) -> Data:
-    name = parsing.string(call.data, "experiment_name", required=True)
+    name = parsing.experiment_name(call.data, "experiment_name")
     services.experiment_default(project=call.project)
     experiment = selectors.experiment_by_name(project=call.project, name=name)
     if experiment is None:
-        raise not_found(f"Could not find experiment with name '{name}'")
+        raise not_found(f"Could not find experiment with name '{echo(name)}'")
     return {"experiment": selectors.experiment_json(experiment)}
 
 
@@ -285,6 +287,8 @@ def metric_history_bulk_interval(call: Call) -> Data:
     if limit is None or not 1 <= limit <= MAX_RESULTS_BULK:
         raise invalid(f"max_results must be between 1 and {MAX_RESULTS_BULK}.")
     out: list[Data] = []
+    for i, run_id in enumerate(run_ids):
+        parsing.id_checked(run_id, f"run_ids[{i}]", parsing.MAX_RUN_ID_LENGTH)
     for run_id in run_ids:
         link = selectors.run_link(project=call.project, run_id=run_id)
         if link is None:
@@ -297,6 +301,8 @@ def metric_history_bulk_interval(call: Call) -> Data:
 
 def run_search(call: Call) -> Data:
     experiment_ids = parsing.string_list(call.data, "experiment_ids")
+    for i, experiment_id in enumerate(experiment_ids):
+        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
     view = _view_type(call.data.get("run_view_type"), "run_view_type")
     wanted = search.read(parsing.string(call.data, "filter"), _order_by(call.data))
     page, token = search.runs(
@@ -427,7 +433,7 @@ def unsupported(path: str, *, artifacts: bool = False) -> MlflowError:
             return MlflowError(message, "NOT_IMPLEMENTED")
     supported = ", ".join(sorted(ROUTES))
     return MlflowError(
-        f"Runcast does not serve the MLflow endpoint '{path}'. Supported: {supported}.",
+        f"Runcast does not serve the MLflow endpoint '{echo(path)}'. Supported: {supported}.",
         "ENDPOINT_NOT_FOUND",
     )
 
@@ -481,7 +487,8 @@ def endpoint(request: HttpRequest, path: str) -> HttpResponse:
             raise unsupported(path)
         if request.method not in route.methods:
             raise MlflowError(
-                f"{path} takes {' or '.join(route.methods)}, not {request.method}",
+                f"{echo(path)} takes {' or '.join(route.methods)}, "
+                f"not {echo(request.method or '')}",
                 "ENDPOINT_NOT_FOUND",
             )
         if route.write and token.scope != ApiToken.Scope.WRITE:

@@ -38,6 +38,7 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from tracker.limits import echo
 from tracker.models import LatestMetric
 from tracker.query.parse import Comparison, OrderKey, QueryError
 
@@ -117,7 +118,8 @@ def _attribute(schema: Schema, key: str) -> Attribute:
     name = schema.aliases.get(key, key)
     if name not in schema.attributes:
         raise QueryError(
-            f"Invalid attribute key '{key}' specified. Valid keys are {sorted(schema.attributes)}"
+            f"Invalid attribute key '{echo(key)}' specified. "
+            f"Valid keys are {sorted(schema.attributes)}"
         )
     return schema.attributes[name]
 
@@ -167,7 +169,7 @@ def _text(qs: QuerySet[Any], name: str, c: Comparison, names: _Aliases) -> tuple
         )
         return qs.alias(**{number: as_number}), _number(number, c)
     if c.op not in ("=", "!="):
-        raise QueryError(f"{c.entity}.{c.key}: strings compare with =, !=, LIKE, ILIKE or IN")
+        raise QueryError(f"{c.entity}.{echo(c.key)}: strings compare with =, !=, LIKE, ILIKE or IN")
     equal = Q(**{name: Value(c.value, output_field=TextField())})
     return qs, equal if c.op == "=" else present & ~equal
 
@@ -181,9 +183,9 @@ def _like_regex(pattern: str) -> str:
 
 def _number(name: str, c: Comparison) -> Q:
     if not isinstance(c.value, float):
-        raise QueryError(f"{c.entity}.{c.key} compares with a number, not a string")
+        raise QueryError(f"{c.entity}.{echo(c.key)} compares with a number, not a string")
     if c.op not in ("!=", *_COMPARE):
-        raise QueryError(f"{c.entity}.{c.key}: numbers compare with =, !=, <, <=, > or >=")
+        raise QueryError(f"{c.entity}.{echo(c.key)}: numbers compare with =, !=, <, <=, > or >=")
     rhs = Value(c.value, output_field=FloatField())
     if c.op == "!=":
         return Q(**{f"{name}__isnull": False}) & ~Q(**{name: rhs})
@@ -194,7 +196,7 @@ def _millis(path: str, c: Comparison) -> Q:
     """A datetime column read as floored epoch milliseconds, compared through its bounds so that
     the column's index serves the comparison."""
     if not isinstance(c.value, float):
-        raise QueryError(f"{c.entity}.{c.key} compares with a number, not a string")
+        raise QueryError(f"{c.entity}.{echo(c.key)} compares with a number, not a string")
     # Clamped first: 1e400 reads as infinity, which has no floor.
     v = min(max(c.value, _MIN_MS - 1.0), _MAX_MS + 1.0)
     if c.op in ("=", "!="):
@@ -212,7 +214,7 @@ def _millis(path: str, c: Comparison) -> Q:
         ">=": ("gte", math.ceil(v)),
     }
     if c.op not in bounds:
-        raise QueryError(f"{c.entity}.{c.key}: numbers compare with =, !=, <, <=, > or >=")
+        raise QueryError(f"{c.entity}.{echo(c.key)}: numbers compare with =, !=, <, <=, > or >=")
     lookup, ms = bounds[c.op]
     return Q(**{f"{path}__{lookup}": _at(ms)})
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tracker.limits import echo
+
 ENTITIES = {
     "metric": "metrics",
     "metrics": "metrics",
@@ -92,9 +94,10 @@ class _Reader:
 
     def fail(self, what: str, at: int | None = None) -> QueryError:
         at = self.pos if at is None else at
-        near = self.text[at:][:60]
+        near = echo(self.text[at:])
         return QueryError(
-            f"Invalid filter '{self.text}': {what} near '{near}' (position {at})", position=at
+            f"Invalid filter '{echo(self.text)}': {what} near '{near}' (position {at})",
+            position=at,
         )
 
     def skip_space(self) -> None:
@@ -147,7 +150,7 @@ def _list(inner: str, raw: str) -> tuple[str, ...]:
     while pos < len(inner):
         m = _LIST_ITEM.match(inner, pos)
         if m is None:
-            raise QueryError(f"Invalid list in filter: {raw!r}; use ('a', 'b')")
+            raise QueryError(f"Invalid list in filter: {echo(raw)!r}; use ('a', 'b')")
         items.append(unquote(m.group(1)))
         pos = m.end()
     return tuple(items)
@@ -179,15 +182,15 @@ def _checked(c: Comparison) -> Comparison:
     if c.op in ("IS NULL", "IS NOT NULL") and c.entity not in ("tags", "params"):
         raise QueryError(
             "IS NULL / IS NOT NULL is only supported for tags and params, "
-            f"not for {c.entity} '{c.key}'"
+            f"not for {c.entity} '{echo(c.key)}'"
         )
     if c.entity == "metrics":
         if c.op in ("LIKE", "ILIKE", "IN", "NOT IN"):
-            raise QueryError(f"metrics.{c.key}: metrics compare with =, !=, <, <=, > or >=")
+            raise QueryError(f"metrics.{echo(c.key)}: metrics compare with =, !=, <, <=, > or >=")
         if not isinstance(c.value, float):
-            raise QueryError(f"metrics.{c.key} compares with a number, not a string")
+            raise QueryError(f"metrics.{echo(c.key)} compares with a number, not a string")
     if c.op in ("LIKE", "ILIKE") and not isinstance(c.value, str):
-        raise QueryError(f"{c.op} needs a quoted pattern for {c.entity}.{c.key}")
+        raise QueryError(f"{c.op} needs a quoted pattern for {c.entity}.{echo(c.key)}")
     return c
 
 
@@ -202,6 +205,6 @@ def parse_order_by(items: list[str]) -> list[OrderKey]:
             text, ascending = word[0], word[1].upper() == "ASC"
         entity, key = identifier(text)
         if not key:
-            raise QueryError(f"Invalid order_by clause '{item}'")
+            raise QueryError(f"Invalid order_by clause '{echo(item)}'")
         out.append(OrderKey(entity, key, ascending))
     return out
