@@ -86,16 +86,19 @@ def _text(
     return head + undone + spent + where + moved_first
 
 
-def _blowups(
-    cond: Condition, said: list[float], ref: ep.Reference, steps: np.ndarray
-) -> list[float]:
-    """The raw onsets of the spike alarms this episode has seen, this finding's added when it
-    is a new one: a spike alarm that began more than an alarm's length (the detectors' gap
-    between two episodes) after the last one, from the episode's onset on."""
+def _blowups(cond: Condition, said: list[float], ref: ep.Reference, series: Series) -> list[float]:
+    """The raw onsets of the blow-ups this episode has seen, this finding's added when it is a
+    new one: a spike alarm that began more than an alarm's length (the detectors' gap between
+    two episodes) after the last one, from a loss that had settled. A growing oscillation
+    raises a spike alarm on each big swing: those are the episode going on, not news (50
+    messages for one oscillation when each counted)."""
     if cond.kind != Flag.Kind.SPIKE or cond.onset_step is None or cond.onset_step < ref.onset_step:
         return said
+    steps = series.steps.astype(float)
     gap = th.DIV_EPISODE_GAP_POINTS * float(np.median(np.diff(steps))) if steps.size > 1 else 0.0
     if said and cond.onset_step <= said[-1] + gap:
+        return said
+    if said and not ep.calm_before(steps, series.values, cond.onset_step, ref):
         return said
     return [*said, float(cond.onset_step)]
 
@@ -250,7 +253,7 @@ def with_episodes(
         # One flag per episode: the open one, whichever kind the detectors see now.
         kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
         said = _said_blowups(open_flags) if ref.onset_step == _onset(open_flags) else []
-        blowups = _blowups(cond, said, ref, steps)
+        blowups = _blowups(cond, said, ref, series)
         out.append(episode(replace(cond, kind=kind), ref, j, blowups))
     reported = {c.kind for c in out}
     for kind, prev in open_flags.items():

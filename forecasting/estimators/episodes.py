@@ -153,6 +153,15 @@ def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | 
     return Judgement(state, ratio, float(math.exp(level)), float(s[first_in]), int(s.size))
 
 
+def calm_before(steps: np.ndarray, values: np.ndarray, step: float, ref: Reference) -> bool:
+    """Whether the loss was settled (at whatever level) in the points just before `step`: a
+    blow-up from a settled loss is a new one; a spike alarm amid swings is the oscillation the
+    episode already is."""
+    s, y = _clean(steps, values)
+    before = y[s < step][-th.EPISODE_RECOVER_POINTS :]
+    return before.size >= th.EPISODE_RECENT_POINTS and not _swinging(before, ref)
+
+
 def _swinging(back: np.ndarray, ref: Reference) -> bool:
     """Whether the points since the level came back scatter wider than the reference's noise
     allows: an oscillation swings about the old level, its median back and its swings not."""

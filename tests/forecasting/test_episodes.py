@@ -205,6 +205,11 @@ def test_an_oscillation_about_the_old_level_is_not_a_recovery():
     assert ref is not None
     j = ep.judge(steps, loss, ref)
     assert j is not None and j.state == "diverged"
+    # A spike alarm amid its swings is the episode going on, not another blow-up to send;
+    # one from a loss settled (at any level) is.
+    assert not ep.calm_before(steps, loss, 2900.0, ref)
+    settled = blown_up(steps)
+    assert ep.calm_before(steps, settled, 2900.0, ref)
 
 
 # --- "back at its level of ...": the training a blow-up undid (issue 22, item 3)
