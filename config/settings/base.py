@@ -220,6 +220,9 @@ RUNCAST_ALERT_EMAIL = env.str("RUNCAST_ALERT_EMAIL", default="")
 # Seconds: the deadline of a whole Slack/webhook request (connect to last byte read,
 # config/outbound.py); SMTP's is per socket operation (Django's mail backend).
 RUNCAST_ALERTS_HTTP_TIMEOUT = env.float("RUNCAST_ALERTS_HTTP_TIMEOUT", default=10.0)
+# The same deadline for "Send test message", which a member waits for on the page while a web
+# thread is held: a slower endpoint is reported as timed out (alerts.services.channel_test).
+RUNCAST_ALERTS_TEST_TIMEOUT = env.float("RUNCAST_ALERTS_TEST_TIMEOUT", default=5.0)
 RUNCAST_ALERTS_SMTP_TIMEOUT = env.float("RUNCAST_ALERTS_SMTP_TIMEOUT", default=20.0)
 # Delivery attempts before a notification is failed; the first retry waits the base (x4 each time).
 RUNCAST_ALERTS_MAX_TRIES = env.int("RUNCAST_ALERTS_MAX_TRIES", default=5)
