@@ -79,7 +79,7 @@ def _sync_one(
     print(
         f"{'ok' if not left else result.value:<6} run {meta.get('run_id')} session "
         f"{meta.get('session')}: {before - left} file(s) sent, "
-        f"{counters.batches_dropped} dropped, {left} left"
+        f"{counters.batches_dropped} dropped ({counters.points_dropped} points), {left} left"
     )
     return 1 if left else 0
 

@@ -113,7 +113,7 @@ class SessionSpool:
             self._bytes += len(data)
         return target
 
-    def make_room(self, incoming: int, cap: int) -> tuple[int, int, bool]:
+    def make_room(self, incoming: int, cap: int) -> tuple[list[Path], int, bool]:
         """Delete the oldest batch files until `incoming` more bytes fit under `cap`.
 
         Returns (files dropped, bytes dropped, whether it fits now). Only batches are dropped:
@@ -122,13 +122,14 @@ class SessionSpool:
         tenth of the cap written, not on every batch.
         """
         if self._bytes is not None and self._bytes + incoming <= cap:
-            return 0, 0, True
+            return [], 0, True
         sizes = [(path, _size(path)) for path in self.pending()]
         self._bytes = sum(size for _, size in sizes)
         if self._bytes + incoming <= cap:
-            return 0, 0, True
+            return [], 0, True
         target = max(0, int(cap * 0.9) - incoming)
-        dropped = freed = 0
+        dropped: list[Path] = []
+        freed = 0
         for path, size in sizes:
             if self._bytes <= target:
                 break
@@ -136,7 +137,8 @@ class SessionSpool:
                 continue
             _unlink(path)
             self._bytes -= size
-            dropped, freed = dropped + 1, freed + size
+            dropped.append(path)
+            freed += size
         return dropped, freed, self._bytes + incoming <= cap
 
     def pending(self) -> list[Path]:

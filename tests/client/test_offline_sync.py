@@ -115,6 +115,24 @@ def test_sync_retries_transient_errors(
     assert server.state.total_points() == 20
 
 
+def test_sync_counts_the_points_of_a_spooled_batch_the_server_refuses(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _offline_run(make_settings, steps=1_500)
+    first = min(p for p in spool_files(spool_dir) if p.name.startswith("batch-"))
+    metrics = json.loads(first.read_bytes())["metrics"]
+    refused = sum(len(m["steps"]) for m in metrics.values())
+    server.script("batch", (400, {"error": "bad metric", "field": "metrics"}, {}))
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert server.state.total_points() == 3_000 - refused
+    assert f"1 dropped ({refused} points), 0 left" in capsys.readouterr().out
+
+
 def test_sync_without_url_is_an_error(make_settings: MakeSettings, spool_dir: Path) -> None:
     _offline_run(make_settings, steps=5)
     assert cli.main(["sync", "--dir", str(spool_dir)]) == 1
@@ -185,6 +203,7 @@ def test_a_full_spool_drops_its_oldest_batches_counted_and_warned_once(
     # The newest survive, the oldest went, and every one that went is counted.
     assert seqs == list(range(written - len(seqs) + 1, written + 1))
     assert stats["batches_spool_dropped"] == written - len(seqs) > 0
+    assert stats["points_dropped"] == 100 * stats["batches_spool_dropped"]
     assert stats["bytes_spool_dropped"] > 0
     assert {"create.json", "finish.json"} <= {p.name for p in files}
     warnings = [r for r in caplog.records if "max_spool_bytes" in r.getMessage()]
@@ -208,6 +227,7 @@ def test_no_cap_keeps_everything_and_a_tiny_cap_never_raises(
     tiny = _capped_run(make_settings, 100, steps=1_000)
     stats = tiny.stats()
     assert stats["batches_dropped"] == 10 and stats["batches_spooled"] == 0
+    assert stats["points_dropped"] == 1_000
 
 
 def test_the_cap_comes_from_the_environment() -> None:
