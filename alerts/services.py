@@ -11,6 +11,7 @@ Exactly-once per (event, channel) rests on two database facts, not on the queue:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -137,19 +138,39 @@ def channel_disable(*, channel_id: int, reason: str, now: datetime | None = None
     )
 
 
+# "Send test message" runs in the web request rather than through the queue: the member is
+# waiting on the page to learn whether the channel works, and a queued test would answer after
+# they left, or never while the worker is down (testing the worker, not the channel). What keeps
+# a slow endpoint from tying up the web server instead: a test must end within
+# RUNCAST_ALERTS_TEST_TIMEOUT (a deadline on the whole request, shorter than a delivery's), and
+# a web process sends one test at a time, so clicks on a slow channel hold one of its threads
+# at most; the others go on serving pages.
+_test_in_flight = threading.Lock()
+
+
+class ChannelTestBusy(Exception):
+    """Another test message is being sent from this process; nothing was sent."""
+
+
 def channel_test(*, channel: Channel) -> str | None:
     """Send a test message now; return the error text, or None when it was accepted.
+    ChannelTestBusy while this process is sending another one.
 
     A failing test does not disable the channel: the user is looking at the answer.
     """
-    project = channel.project
-    message = message_for_test(
-        run_name="test-run", project=project, url=project_alerts_url(project)
-    )
+    if not _test_in_flight.acquire(blocking=False):
+        raise ChannelTestBusy
     try:
-        transport_for(channel).notify(message)
+        project = channel.project
+        message = message_for_test(
+            run_name="test-run", project=project, url=project_alerts_url(project)
+        )
+        transport = transport_for(channel, timeout=settings.RUNCAST_ALERTS_TEST_TIMEOUT)
+        transport.notify(message)
     except TransportError as e:
         return e.message
+    finally:
+        _test_in_flight.release()
     return None
 
 

@@ -13,10 +13,16 @@ request forgery (the rule healthchecks applies to its integrations):
   NAT64, 6to4) unless the operator allows private targets (RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS,
   for an on-premise Mattermost or webhook receiver);
 - redirects are never followed (a 3xx is an answer like any other non-2xx);
-- at most MAX_BODY bytes of the answer are read, and every socket operation has a timeout.
+- at most MAX_BODY bytes of the answer are read, and the whole request (connect, TLS
+  handshake, sending, the status line, headers and body) has one wall-clock deadline.
 Proxies from the environment are not used: the check must see the address actually connected.
 
-Standard library only: a hung endpoint must cost a worker seconds, not its whole time limit.
+Standard library only: a hung endpoint must cost a worker seconds, not its whole time limit. A
+socket timeout alone does not do that: it restarts at every byte received, so an endpoint
+trickling a byte every few seconds held a request (and the web thread of "Send test message")
+for minutes. Every socket operation here waits at most until the request's deadline instead.
+Name resolution counts against the deadline but cannot be cut short by it (getaddrinfo cannot
+be interrupted; the system resolver has its own timeouts).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import logging
 import re
 import socket
 import ssl
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -153,47 +160,118 @@ def _allowed(infos: list[tuple[Any, ...]], host: str) -> list[tuple[Any, ...]]:
     return allowed
 
 
-def vetted_socket(host: str, port: int, timeout: float, *, trusted: bool = False) -> socket.socket:
-    """A socket connected to an address of host that passed the check, resolved only here.
+class Deadline:
+    """One wall-clock budget for a whole request, on the monotonic clock."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left; TimeoutError once none are (a socket timeout of 0 would not block)."""
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"deadline of {self.seconds:g} s passed")
+        return left
+
+
+# mypy checks the mixin as the socket it is mixed into; at run time it sits in front of
+# socket.socket or ssl.SSLSocket in the method resolution order.
+if TYPE_CHECKING:
+    _SocketBase = socket.socket
+else:
+    _SocketBase = object
+
+
+class _DeadlineMixin(_SocketBase):
+    """Before every send and receive, the socket's timeout is set to what is left of the
+    request's deadline, so many short waits cannot add up past it. http.client reads through
+    makefile(), whose raw reads are recv_into; TLS sockets send through send()."""
+
+    deadline: Deadline | None = None
+
+    def _arm(self) -> None:
+        if self.deadline is not None:
+            self.settimeout(self.deadline.remaining())
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self._arm()
+        return super().recv(*args, **kwargs)
+
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().recv_into(*args, **kwargs)
+
+    def send(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().send(*args, **kwargs)
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self._arm()
+        super().sendall(*args, **kwargs)
+
+
+class _DeadlineSocket(_DeadlineMixin, socket.socket):
+    pass
+
+
+class _DeadlineSSLSocket(_DeadlineMixin, ssl.SSLSocket):
+    pass
+
+
+def vetted_socket(
+    host: str, port: int, deadline: Deadline, *, trusted: bool = False
+) -> _DeadlineSocket:
+    """A socket connected to an address of host that passed the check, resolved only here;
+    every later send and receive on it ends by `deadline`.
 
     `trusted`: the operator's own URL from the settings (the web probe), not a member's
     channel: the address check is skipped, an internal name is what it is for."""
     error: OSError | None = None
     infos = _resolve(host, port)
     for family, socktype, proto, _, address in infos if trusted else _allowed(infos, host):
-        sock = socket.socket(family, socktype, proto)
-        sock.settimeout(timeout)
+        sock = _DeadlineSocket(family, socktype, proto)
         try:
+            sock.settimeout(deadline.remaining())
             sock.connect(address)
-            return sock
         except OSError as e:
             sock.close()
             error = e
+            continue
+        sock.deadline = deadline
+        return sock
     assert error is not None  # _allowed never returns an empty list
     raise error
 
 
 class _VettedHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, *, timeout: float, trusted: bool = False) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.timeout_s = timeout
+    def __init__(self, host: str, port: int, *, deadline: Deadline, trusted: bool = False) -> None:
+        super().__init__(host, port, timeout=deadline.seconds)
+        self.deadline = deadline
         self.trusted = trusted
 
     def connect(self) -> None:
-        self.sock = vetted_socket(self.host, self.port, self.timeout_s, trusted=self.trusted)
+        self.sock = vetted_socket(self.host, self.port, self.deadline, trusted=self.trusted)
 
 
 class _VettedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, *, timeout: float, trusted: bool = False) -> None:
+    def __init__(self, host: str, port: int, *, deadline: Deadline, trusted: bool = False) -> None:
         self.tls = ssl.create_default_context()
-        super().__init__(host, port, timeout=timeout, context=self.tls)
-        self.timeout_s = timeout
+        # This context's sockets keep to the deadline too (the handshake is one call that
+        # keeps to the timeout set just before it).
+        self.tls.sslsocket_class = _DeadlineSSLSocket
+        super().__init__(host, port, timeout=deadline.seconds, context=self.tls)
+        self.deadline = deadline
         self.trusted = trusted
 
     def connect(self) -> None:
-        sock = vetted_socket(self.host, self.port, self.timeout_s, trusted=self.trusted)
+        sock = vetted_socket(self.host, self.port, self.deadline, trusted=self.trusted)
+        sock.settimeout(self.deadline.remaining())
         # SNI and certificate checks against the name, over the socket to the checked address.
-        self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        tls_sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+        assert isinstance(tls_sock, _DeadlineSSLSocket)
+        tls_sock.deadline = self.deadline
+        self.sock = tls_sock
 
 
 def target_problem(url: str) -> str | None:
@@ -222,6 +300,7 @@ def post_json(
 ) -> Response:
     """POST body (already-encoded bytes or a JSON-able object); return status and text.
 
+    `timeout` is the deadline of the whole request, from connecting to the last byte read.
     HTTP error statuses (3xx included: redirects are not followed) are returned for the
     transport to judge. A refused target raises a permanent TransportError; network failures
     and timeouts raise a transient one.
@@ -229,7 +308,7 @@ def post_json(
     scheme, host, port, path = _split(url)
     data = body if isinstance(body, bytes) else encode(body)
     connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
-    connection = connection_class(host, port, timeout=timeout)
+    connection = connection_class(host, port, deadline=Deadline(timeout))
     all_headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -256,13 +335,14 @@ def get_status(
     url: str, *, host_header: str = "", timeout: float = DEFAULT_TIMEOUT_S
 ) -> int | None:
     """GET an operator-configured URL (from the settings, never user input); its status, or
-    None when it cannot be reached. Redirects are not followed; the body is not read."""
+    None when it cannot be reached within `timeout` (the deadline of the whole request).
+    Redirects are not followed; the body is not read."""
     try:
         scheme, host, port, path = _split(url)
     except TargetRefused:
         return None  # a file: or other scheme is no web server
     connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
-    connection = connection_class(host, port, timeout=timeout, trusted=True)
+    connection = connection_class(host, port, deadline=Deadline(timeout), trusted=True)
     headers = {"User-Agent": USER_AGENT, **({"Host": host_header} if host_header else {})}
     try:
         connection.request("GET", path, headers=headers)

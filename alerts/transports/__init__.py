@@ -15,8 +15,9 @@ TRANSPORTS: dict[str, type[Transport]] = {
 }
 
 
-def transport_for(channel: Channel) -> Transport:
-    return TRANSPORTS[channel.kind](channel)
+def transport_for(channel: Channel, *, timeout: float | None = None) -> Transport:
+    """`timeout`: the deadline of an HTTP request, when not the delivery setting's."""
+    return TRANSPORTS[channel.kind](channel, timeout=timeout)
 
 
 __all__ = ["Transport", "TransportError", "transport_for"]

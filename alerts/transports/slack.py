@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from alerts.messages import Message
 from alerts.transports.base import Transport, TransportError
 from config import outbound as http
@@ -90,8 +88,7 @@ def esc(text: str, *, limit: int) -> str:
 
 class SlackTransport(Transport):
     def notify(self, message: Message) -> None:
-        timeout = settings.RUNCAST_ALERTS_HTTP_TIMEOUT
-        response = http.post_json(self.channel.target, blocks(message), timeout=timeout)
+        response = http.post_json(self.channel.target, blocks(message), timeout=self.timeout)
         if 200 <= response.status < 300:
             return
         # Only a short error code of the answer is kept: the text is shown on the channel page,

@@ -12,8 +12,6 @@ import hashlib
 import hmac
 import time
 
-from django.conf import settings
-
 from alerts.messages import Message
 from alerts.transports.base import Transport, TransportError
 from config import outbound as http
@@ -47,9 +45,7 @@ class WebhookTransport(Transport):
         }
         if message.payload.get("id"):
             headers["X-Runcast-Delivery"] = str(message.payload["id"])
-        response = http.post_json(
-            self.channel.target, body, headers, timeout=settings.RUNCAST_ALERTS_HTTP_TIMEOUT
-        )
+        response = http.post_json(self.channel.target, body, headers, timeout=self.timeout)
         if 200 <= response.status < 300:
             return
         # The status only: the body is the receiver's (or, for a hostile URL, someone else's)

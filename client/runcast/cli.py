@@ -74,12 +74,14 @@ def _sync_one(
     result = replay(client, folder, str(meta.get("run_id")), first_retries=settings.max_retries)
     left = len(folder.pending())
     if result is ReplayResult.DONE:
-        folder.remove_if_empty()
+        # Also removes the lock of a process that was killed (it never released it); a folder
+        # its process may still write to stays, with its lock.
+        folder.remove_delivered()
     counters = client.counters
     print(
         f"{'ok' if not left else result.value:<6} run {meta.get('run_id')} session "
         f"{meta.get('session')}: {before - left} file(s) sent, "
-        f"{counters.batches_dropped} dropped, {left} left"
+        f"{counters.batches_dropped} dropped ({counters.points_dropped} points), {left} left"
     )
     return 1 if left else 0
 

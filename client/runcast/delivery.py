@@ -25,6 +25,7 @@ from pathlib import Path
 
 from runcast import spool as spool_mod
 from runcast import transport
+from runcast.batcher import points_in
 from runcast.settings import Settings
 
 logger = logging.getLogger("runcast")
@@ -61,6 +62,9 @@ class Counters:
     batches_sent: int = 0
     batches_duplicate: int = 0
     batches_dropped: int = 0
+    # Points the server will never get from this process: in batches it refused, that could
+    # not be spooled, or that were deleted from a full spool.
+    points_dropped: int = 0
     batches_spooled: int = 0
     files_replayed: int = 0
 
@@ -201,6 +205,7 @@ def _replay_one(
     elif verdict is Verdict.DROP:
         client.warn_once(kind, response, f"dropping spooled {path.name}")
         client.counters.batches_dropped += 1
+        client.counters.points_dropped += points_in(body)
         spool_mod.remove(path)
     elif verdict is Verdict.BLOCKED:
         client.warn_once(kind, response, f"keeping spool in {path.parent} for `runcast sync`")

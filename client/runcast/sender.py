@@ -74,7 +74,13 @@ class Sender(threading.Thread):
         self._probe_delay = settings.probe_interval
         self._last_heartbeat = time.time()
         self._outage_logged = False
-        self._spool_error_logged = False
+        # counters.files_replayed when the outage began: what its end may say was replayed.
+        self._replayed_before_outage = 0
+        # time.monotonic() of the last "cannot write to the spool" warning.
+        self._spool_warned_at: float | None = None
+        # Points of each batch file this process spooled and has not seen replayed, by name:
+        # a file deleted from a full spool is counted in points without reading it back.
+        self._spooled_points: dict[str, int] = {}
         self._drop_logged = False
         self._cap_logged = False
         self._spool_dropped = 0
@@ -124,6 +130,9 @@ class Sender(threading.Thread):
             "batches_sent": counters.batches_sent,
             "batches_duplicate": counters.batches_duplicate,
             "batches_dropped": counters.batches_dropped,
+            # Points in those batches, in the ones deleted from a full spool, and in spooled
+            # ones the server refused on replay: what the server will never get.
+            "points_dropped": counters.points_dropped,
             "batches_spooled": self._spooled_batches,
             # Spooled batches deleted, oldest first, to keep the spool under max_spool_bytes.
             "batches_spool_dropped": self._spool_dropped,
@@ -233,7 +242,8 @@ class Sender(threading.Thread):
             on_success=self._on_replayed,
         )
         if result is ReplayResult.DONE:
-            self._leave_outage()
+            self._spooled_points.clear()
+            self._leave_backlog()
             return True
         if result is ReplayResult.PARTIAL:
             self._next_probe = now  # server is up: continue on the next tick
@@ -258,9 +268,11 @@ class Sender(threading.Thread):
             if verdict is Verdict.OK:
                 record_success(self.client.counters, self.kind, response)
                 self._points_sent += sealed.points
+                self._server_answered()
             elif verdict is Verdict.DROP:
                 self.client.warn_once(self.kind, response, f"dropping batch seq {sealed.seq}")
-                self.client.counters.batches_dropped += 1
+                self._count_dropped(sealed.points)
+                self._server_answered()
             elif verdict is Verdict.BLOCKED:
                 self._block(response, self.kind)
                 self._spool_outbox()
@@ -287,6 +299,7 @@ class Sender(threading.Thread):
         if self._outage_logged:
             return
         self._outage_logged = True
+        self._replayed_before_outage = self.client.counters.files_replayed
         status, payload, _ = response
         logger.warning(
             "runcast: server unavailable (HTTP %s: %s); spooling to %s and retrying in the"
@@ -296,12 +309,27 @@ class Sender(threading.Thread):
             self.spool.path,
         )
 
-    def _leave_outage(self) -> None:
+    def _leave_backlog(self) -> None:
+        """The spool folder is empty: new batches go straight to the server again.
+
+        Empty is not the same as replayed: with a spool that cannot be written nothing was
+        spooled, and the replay that found nothing asked the server nothing. Only an answer
+        ends the outage (_server_answered), here or at the next live send."""
         self.backlog = False
+        if self.client.counters.files_replayed > self._replayed_before_outage:
+            self._server_answered()
+
+    def _server_answered(self) -> None:
+        """The server answered a request: say so once after an outage, with what was replayed."""
         self._probe_delay = self.settings.probe_interval
-        if self._outage_logged:
-            self._outage_logged = False
-            logger.info("runcast: server reachable again; spooled data replayed")
+        if not self._outage_logged:
+            return
+        self._outage_logged = False
+        replayed = self.client.counters.files_replayed - self._replayed_before_outage
+        if replayed:
+            logger.info("runcast: server reachable again; %d spooled file(s) replayed", replayed)
+        else:
+            logger.info("runcast: server reachable again")
 
     def _schedule_probe(self, now: float) -> None:
         delay = self._probe_delay * (0.5 + random.random() / 2)
@@ -322,27 +350,65 @@ class Sender(threading.Thread):
     def _spool_outbox(self) -> None:
         while self._outbox:
             sealed = self._outbox.popleft()
-            if not self._spool_write(spool_mod.batch_name(sealed.seq, self.kind), sealed.body):
-                self.client.counters.batches_dropped += 1
+            name = spool_mod.batch_name(sealed.seq, self.kind)
+            if not self._spool_write(name, sealed.body, sealed.points):
                 continue
             self._spooled_batches += 1
             if not self.offline:
                 self.backlog = True
 
-    def _spool_write(self, name: str, body: bytes) -> bool:
+    def _spool_write(self, name: str, body: bytes, points: int | None = None) -> bool:
+        """Write one request file; False when it is lost. `points`: it is a batch of that many
+        points, counted as dropped when lost (the create and finish requests hold none)."""
+        error: OSError | None = None
         try:
             if not self._claimed:
                 self.spool.claim(self.run_id, self.session, self.settings.url)
                 self._claimed = True
-            if not self._make_room(name, len(body)):
-                return False
-            self.spool.write(name, body)
+            written = self._make_room(name, len(body))  # False: a batch larger than the cap
+            if written:
+                self.spool.write(name, body)
         except OSError as exc:
-            if not self._spool_error_logged:
-                self._spool_error_logged = True
-                logger.error("runcast: cannot write spool %s (%s); data dropped", name, exc)
-            return False
-        return True
+            written, error = False, exc
+        if points is not None:
+            if written:
+                self._spooled_points[name] = points
+            else:
+                self._count_dropped(points)
+        if error is not None:
+            self._warn_unwritable(error)  # after counting: it says the count so far
+        return written
+
+    def _count_dropped(self, points: int) -> None:
+        self.client.counters.batches_dropped += 1
+        self.client.counters.points_dropped += points
+
+    def _warn_unwritable(self, exc: OSError) -> None:
+        """Say that the spool cannot be written, and how much is lost so far: at once, then at
+        most every spool_warning_interval while it lasts (a warning per batch would flood the
+        training log; one alone would scroll away while the losses go on)."""
+        now = time.monotonic()
+        last = self._spool_warned_at
+        if last is not None and now - last < self.settings.spool_warning_interval:
+            return
+        self._spool_warned_at = now
+        counters = self.client.counters
+        logger.warning(
+            "runcast: cannot write to the spool %s (%s): what is not sent to the server now is"
+            " lost, %d points in %d batches so far (%s); set RUNCAST_DIR to a writable"
+            " directory",
+            self.spool.path,
+            exc.strerror or exc,
+            counters.points_dropped,
+            counters.batches_dropped,
+            self._stats_key("points_dropped"),
+        )
+
+    def _stats_key(self, key: str) -> str:
+        """Where a user reads this sender's counter: a rank's timings have their own."""
+        if self.kind == "timings":
+            return f"run.stats()['timings']['{key}']"
+        return f"run.stats()['{key}']"
 
     def _make_room(self, name: str, size: int) -> bool:
         """Keep the spool under its cap by dropping its oldest batches; False to drop this one
@@ -351,15 +417,20 @@ class Sender(threading.Thread):
         if not cap or spool_mod.kind_of(self.spool.path / name) != "batch":
             return True
         dropped, freed, fits = self.spool.make_room(size, cap)
-        self._spool_dropped += dropped
+        self._spool_dropped += len(dropped)
         self._spool_dropped_bytes += freed
+        self.client.counters.points_dropped += sum(
+            self._spooled_points.pop(path.name, 0) for path in dropped
+        )
         if (dropped or not fits) and not self._cap_logged:
             self._cap_logged = True
             logger.warning(
                 "runcast: spool %s reached max_spool_bytes=%d; dropping the oldest spooled"
-                " batches (counted in run.stats()['batches_spool_dropped'])",
+                " batches (counted in %s and %s)",
                 self.spool.path,
                 cap,
+                self._stats_key("batches_spool_dropped"),
+                self._stats_key("points_dropped"),
             )
         return fits  # a batch larger than the cap: the caller counts it in batches_dropped
 
@@ -393,6 +464,8 @@ class Sender(threading.Thread):
             return False
         response = self.client.post("finish", self.run_id, body, self.settings.max_retries)
         verdict = classify("finish", response[0])
+        if verdict in (Verdict.OK, Verdict.DROP):
+            self._server_answered()
         if verdict is Verdict.DROP:
             self.client.warn_once("finish", response, "finish not recorded")
         if verdict is Verdict.BLOCKED:
@@ -400,6 +473,17 @@ class Sender(threading.Thread):
         return verdict in (Verdict.OK, Verdict.DROP)
 
     def _report_leftovers(self) -> None:
+        counters = self.client.counters
+        if counters.points_dropped:
+            # The one number to read at the end, whatever the warnings before it said.
+            logger.warning(
+                "runcast: run %s lost %d points in %d batches (refused by the server, not"
+                " spoolable, or deleted from a full spool; %s)",
+                self.run_id,
+                counters.points_dropped,
+                counters.batches_dropped + self._spool_dropped,
+                self._stats_key("points_dropped"),
+            )
         if not self._claimed:
             return
         left = len(self.spool.pending())

@@ -50,6 +50,9 @@ class Settings:
     # Seconds of step timings each rank collects per request (docs: "Stragglers").
     timing_interval: float = 20.0
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    # Seconds between two warnings that the spool cannot be written (each with the count lost
+    # so far): a warning every batch would flood the training log, a single one scroll away.
+    spool_warning_interval: float = 600.0
 
     def spool_root(self) -> Path:
         if self.dir is not None:

@@ -93,17 +93,48 @@ class SessionSpool:
         if not self.has_pending():
             self.remove_if_empty()
 
-    def owned_by_live_process(self) -> bool:
-        """True when another live process on this host still writes here."""
+    def _lock_owner(self) -> tuple[str, int] | None:
+        """(host, pid) of the lock, or None without a readable one."""
         try:
             host, _, pid_text = (self.path / LOCK).read_text("utf-8").rpartition(":")
-            pid = int(pid_text)
+            return host, int(pid_text)
         except (OSError, ValueError):
+            return None
+
+    def owned_by_live_process(self) -> bool:
+        """True when another live process on this host still writes here."""
+        owner = self._lock_owner()
+        if owner is None:
             return False
+        host, pid = owner
         if host != socket.gethostname():
             # Cannot check a pid on another machine; assume the owner is alive there.
             return True
         return pid != os.getpid() and _pid_alive(pid)
+
+    def owner_is_dead(self) -> bool:
+        """True when the lock names a process of this host that no longer runs: one killed
+        before it could release the folder. False for a live owner, this process, an owner on
+        another host (its pid cannot be checked from here), and a lock that cannot be read."""
+        owner = self._lock_owner()
+        if owner is None:
+            return False
+        host, pid = owner
+        return host == socket.gethostname() and pid != os.getpid() and not _pid_alive(pid)
+
+    def remove_delivered(self) -> bool:
+        """After `runcast sync` delivered everything here: remove the folder, with the lock a
+        dead owner left. A folder whose owner may still write (or whose lock cannot be read) is
+        left as it is, meta.json included, so what it writes later is still found. True when
+        the folder is gone."""
+        if self.has_pending():
+            return False
+        if (self.path / LOCK).exists():
+            if not self.owner_is_dead():
+                return False
+            _unlink(self.path / LOCK)
+        self.remove_if_empty()
+        return not self.path.exists()
 
     def write(self, name: str, data: bytes) -> Path:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -113,7 +144,7 @@ class SessionSpool:
             self._bytes += len(data)
         return target
 
-    def make_room(self, incoming: int, cap: int) -> tuple[int, int, bool]:
+    def make_room(self, incoming: int, cap: int) -> tuple[list[Path], int, bool]:
         """Delete the oldest batch files until `incoming` more bytes fit under `cap`.
 
         Returns (files dropped, bytes dropped, whether it fits now). Only batches are dropped:
@@ -122,13 +153,14 @@ class SessionSpool:
         tenth of the cap written, not on every batch.
         """
         if self._bytes is not None and self._bytes + incoming <= cap:
-            return 0, 0, True
+            return [], 0, True
         sizes = [(path, _size(path)) for path in self.pending()]
         self._bytes = sum(size for _, size in sizes)
         if self._bytes + incoming <= cap:
-            return 0, 0, True
+            return [], 0, True
         target = max(0, int(cap * 0.9) - incoming)
-        dropped = freed = 0
+        dropped: list[Path] = []
+        freed = 0
         for path, size in sizes:
             if self._bytes <= target:
                 break
@@ -136,7 +168,8 @@ class SessionSpool:
                 continue
             _unlink(path)
             self._bytes -= size
-            dropped, freed = dropped + 1, freed + size
+            dropped.append(path)
+            freed += size
         return dropped, freed, self._bytes + incoming <= cap
 
     def pending(self) -> list[Path]:

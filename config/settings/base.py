@@ -217,8 +217,12 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="runcast@localhost")
 # an "Email (default)" channel to these addresses (comma-separated).
 RUNCAST_SLACK_WEBHOOK_URL = env.str("RUNCAST_SLACK_WEBHOOK_URL", default="")
 RUNCAST_ALERT_EMAIL = env.str("RUNCAST_ALERT_EMAIL", default="")
-# Seconds for every Slack/webhook socket operation (connect, each read), and for SMTP's connection.
+# Seconds: the deadline of a whole Slack/webhook request (connect to last byte read,
+# config/outbound.py); SMTP's is per socket operation (Django's mail backend).
 RUNCAST_ALERTS_HTTP_TIMEOUT = env.float("RUNCAST_ALERTS_HTTP_TIMEOUT", default=10.0)
+# The same deadline for "Send test message", which a member waits for on the page while a web
+# thread is held: a slower endpoint is reported as timed out (alerts.services.channel_test).
+RUNCAST_ALERTS_TEST_TIMEOUT = env.float("RUNCAST_ALERTS_TEST_TIMEOUT", default=5.0)
 RUNCAST_ALERTS_SMTP_TIMEOUT = env.float("RUNCAST_ALERTS_SMTP_TIMEOUT", default=20.0)
 # Delivery attempts before a notification is failed; the first retry waits the base (x4 each time).
 RUNCAST_ALERTS_MAX_TRIES = env.int("RUNCAST_ALERTS_MAX_TRIES", default=5)

@@ -131,7 +131,14 @@ def channel_delete(request: HttpRequest, project: str, channel_id: int) -> HttpR
 @require_POST
 def channel_test(request: HttpRequest, project: str, channel_id: int) -> HttpResponse:
     _, channel = _channel(request, project, channel_id)
-    error = services.channel_test(channel=channel)
+    try:
+        error = services.channel_test(channel=channel)
+    except services.ChannelTestBusy:
+        messages.warning(
+            request,
+            "Another test message is being sent from this server; try again in a few seconds.",
+        )
+        return redirect("alerts:channels", project=project)
     if error:
         messages.error(request, f"Test message to {channel.name} failed: {error}")
     else:

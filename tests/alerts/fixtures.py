@@ -1,12 +1,14 @@
 """Real local servers standing in for the outside world: an SMTP server (aiosmtpd) and an HTTP
 sink (http.server in a thread) for Slack and webhooks. Both are started once per session and
-emptied before each test; each test points settings at them through the `settings` fixture."""
+emptied before each test; each test points settings at them through the `settings` fixture.
+A trickler (a raw socket server answering a byte a second) stands for a slow endpoint."""
 
 from __future__ import annotations
 
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -174,6 +176,79 @@ def sink(_http_server: tuple[ThreadingHTTPServer, HttpSink], settings: Any) -> H
     # (tests/security/test_ssrf.py proves loopback is refused without it).
     settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = True
     return sink
+
+
+# What the server would send, a byte a second: 40 s of answer if the client waited for it.
+TRICKLED_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n" + b"x" * 8
+
+
+@dataclass
+class Trickler:
+    """A loopback HTTP server: reads the request, then answers one byte every `interval` s.
+
+    `at_once` bytes of the answer go out immediately (the status line and headers, to trickle
+    only the body), the rest one at a time."""
+
+    interval: float = 1.0
+    at_once: int = 0
+    port: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    sent: list[int] = field(default_factory=list)
+    # Set once a whole request has arrived.
+    received: threading.Event = field(default_factory=threading.Event)
+    # Set: the answer comes over TLS (after a prompt handshake).
+    tls: ssl.SSLContext | None = None
+
+    def url(self, path: str = "/hook") -> str:
+        if self.tls is not None:
+            return f"https://localhost:{self.port}{path}"
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def serve(self, listener: socket.socket) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                request += chunk
+            self.received.set()
+            try:
+                conn.sendall(TRICKLED_ANSWER[: self.at_once])
+                for i in range(self.at_once, len(TRICKLED_ANSWER)):
+                    if self.stop.wait(self.interval):
+                        return
+                    conn.sendall(TRICKLED_ANSWER[i : i + 1])
+                    self.sent.append(i)
+            except OSError:
+                return  # the client gave up: what the tests want
+
+
+@pytest.fixture
+def trickler() -> Iterator[Trickler]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    server = Trickler(port=listener.getsockname()[1])
+    thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
+    thread.start()
+    yield server
+    server.stop.set()
+    listener.close()
 
 
 @pytest.fixture

@@ -168,6 +168,7 @@ def test_400_batch_is_dropped_without_blocking_others(
         run.finish()
     assert _steps(server, "loss") == list(range(10, 50))
     assert run.stats()["batches_dropped"] == 1
+    assert run.stats()["points_dropped"] == 10
     assert server.run().finishes, "finish still sent after a dropped batch"
     assert sum("bad metric" in r.getMessage() for r in caplog.records) == 1
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from runcast import cli
 
 from tests.client.conftest import MakeSettings
 from tests.client.fakeserver import TOKEN, FakeServer
-from tests.client.helpers import spool_files
+from tests.client.helpers import fast_env, spool_files, wait_until
 
 
 def _offline_run(make_settings: MakeSettings, steps: int = 2_500) -> runcast.Run:
@@ -115,6 +118,95 @@ def test_sync_retries_transient_errors(
     assert server.state.total_points() == 20
 
 
+# A trainer that spools its points (offline) and then stays alive until it is killed.
+TRAINER = textwrap.dedent(
+    """
+    import time
+    import runcast
+
+    run = runcast.init(project="p", name="killed", id="killed", mode="offline")
+    for step in range(500):
+        run.log({"loss": float(step)}, step=step)
+    print("logged", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.fixture
+def trainer(tmp_path: Path, spool_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """A live trainer process whose spool holds its 500 points; killed at the end."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    env = {**os.environ, **fast_env(None, spool_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "logged"
+        on_disk = lambda: sum(  # noqa: E731
+            len(json.loads(p.read_bytes())["metrics"]["loss"]["steps"])
+            for p in spool_files(spool_dir)
+            if p.name.startswith("batch-")
+        )
+        assert wait_until(lambda: on_disk() == 500), "the trainer spooled its points"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sync_removes_the_folder_of_a_killed_process_with_its_stale_lock(
+    trainer: subprocess.Popen[str],
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trainer.send_signal(signal.SIGKILL)  # no atexit, no release: the lock stays behind
+    trainer.wait()
+    [lock] = [p for p in spool_files(spool_dir) if p.name == "lock"]
+    assert lock.read_text().endswith(f":{trainer.pid}")
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert sorted(s for s, _ in server.run("killed").points["loss"]) == list(range(500))
+    assert list(spool_dir.iterdir()) == [], "the delivered folder is gone, lock and all"
+
+
+def test_sync_leaves_the_folder_and_lock_of_a_live_process(
+    trainer: subprocess.Popen[str],
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 1, "skipped"
+    assert server.state.requests == []
+    # --force delivers what is there, but the process may still write: its folder stays
+    # findable (meta.json) and owned (lock).
+    assert cli.main(["sync", "--force", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert len(server.run("killed").points["loss"]) == 500
+    assert sorted(p.name for p in spool_files(spool_dir)) == ["lock", "meta.json"]
+    assert trainer.poll() is None, "still running"
+
+
+def test_sync_counts_the_points_of_a_spooled_batch_the_server_refuses(
+    make_settings: MakeSettings,
+    spool_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _offline_run(make_settings, steps=1_500)
+    first = min(p for p in spool_files(spool_dir) if p.name.startswith("batch-"))
+    metrics = json.loads(first.read_bytes())["metrics"]
+    refused = sum(len(m["steps"]) for m in metrics.values())
+    server.script("batch", (400, {"error": "bad metric", "field": "metrics"}, {}))
+    monkeypatch.setenv("RUNCAST_TOKEN", TOKEN)
+    assert cli.main(["sync", "--dir", str(spool_dir), "--url", server.url]) == 0
+    assert server.state.total_points() == 3_000 - refused
+    assert f"1 dropped ({refused} points), 0 left" in capsys.readouterr().out
+
+
 def test_sync_without_url_is_an_error(make_settings: MakeSettings, spool_dir: Path) -> None:
     _offline_run(make_settings, steps=5)
     assert cli.main(["sync", "--dir", str(spool_dir)]) == 1
@@ -185,6 +277,7 @@ def test_a_full_spool_drops_its_oldest_batches_counted_and_warned_once(
     # The newest survive, the oldest went, and every one that went is counted.
     assert seqs == list(range(written - len(seqs) + 1, written + 1))
     assert stats["batches_spool_dropped"] == written - len(seqs) > 0
+    assert stats["points_dropped"] == 100 * stats["batches_spool_dropped"]
     assert stats["bytes_spool_dropped"] > 0
     assert {"create.json", "finish.json"} <= {p.name for p in files}
     warnings = [r for r in caplog.records if "max_spool_bytes" in r.getMessage()]
@@ -208,6 +301,7 @@ def test_no_cap_keeps_everything_and_a_tiny_cap_never_raises(
     tiny = _capped_run(make_settings, 100, steps=1_000)
     stats = tiny.stats()
     assert stats["batches_dropped"] == 10 and stats["batches_spooled"] == 0
+    assert stats["points_dropped"] == 1_000
 
 
 def test_the_cap_comes_from_the_environment() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -10,7 +12,7 @@ from django.test import Client
 
 from alerts import services
 from alerts.models import Channel, Notification, Rule
-from tests.alerts.fixtures import HttpSink, flag_raise
+from tests.alerts.fixtures import HttpSink, Trickler, flag_raise
 from tracker.models import Run
 
 READ = {"owner": 200, "member": 200, "viewer": 200, "outsider": 404}
@@ -182,6 +184,56 @@ def test_it_shows_a_failed_test_message(
     client.force_login(owner)
     response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
     assert "failed: Slack answered 404 no_service" in response.content.decode()
+
+
+def _slow_channel(run: Run, trickler: Trickler, settings: Any) -> Channel:
+    settings.RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = True  # the trickler listens on loopback
+    # Deliveries may wait 30 s; a test the member watches waits 1 s.
+    settings.RUNCAST_ALERTS_HTTP_TIMEOUT = 30.0
+    settings.RUNCAST_ALERTS_TEST_TIMEOUT = 1.0
+    return services.channel_create(
+        project=run.project, kind=Channel.Kind.WEBHOOK, name="slow", target=trickler.url()
+    )
+
+
+def test_it_answers_a_test_message_to_a_trickling_endpoint_within_the_test_deadline(
+    client: Client, owner: User, run: Run, trickler: Trickler, settings: Any
+) -> None:
+    channel = _slow_channel(run, trickler, settings)
+    client.force_login(owner)
+    started = time.monotonic()
+    response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
+    # A behaviour bound, not a timing: the endpoint would take 46 s, deliveries wait 30 s.
+    assert time.monotonic() - started < 3 * settings.RUNCAST_ALERTS_TEST_TIMEOUT
+    assert "Test message to slow failed: timed out after 1 s" in response.content.decode()
+    assert trickler.sent, "the endpoint was answering, a byte at a time"
+    assert Channel.objects.get(pk=channel.pk).enabled, "a failed test disables nothing"
+
+
+def test_it_sends_one_test_message_at_a_time_from_a_web_process(
+    client: Client, owner: User, run: Run, trickler: Trickler, settings: Any
+) -> None:
+    channel = _slow_channel(run, trickler, settings)
+    # A first click, still waiting on the endpoint in another of the server's threads.
+    first = threading.Thread(target=services.channel_test, kwargs={"channel": channel})
+    first.start()
+    try:
+        assert trickler.received.wait(5), "the first test reached the endpoint"
+        client.force_login(owner)
+        response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
+        assert first.is_alive(), "answered while the first test was still in flight"
+        page = response.content.decode()
+        assert (
+            "Another test message is being sent from this server; try again in a few seconds."
+            in page
+        )
+        assert "Test message sent" not in page
+    finally:
+        first.join()
+    # Once it is over, the next test goes out.
+    trickler.interval = 0.001
+    response = client.post(f"/projects/llm/alerts/channels/{channel.pk}/test/", follow=True)
+    assert "Test message sent to slow." in response.content.decode()
 
 
 def test_it_keeps_channels_of_other_projects_out_of_reach(
