@@ -345,8 +345,9 @@ def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, Ending]:
     if j is None or text is None:
         return {}
     undone = _undone(series, run, ref, j)
-    # The state it ended in: a run that ends just after its loss came back closes its flag
-    # with "recovered", and is not a run that ended diverged (selectors.episode_ends_by_run).
+    # The state it ended in: a run that ends with its loss back closes its flag saying so
+    # ("recovered", "recovering"), and is not a run that ended diverged
+    # (selectors.episode_ends_by_run).
     episode = {"state": j.state, "level": j.level_value, **undone}
     if undone:
         text += _undone_text(episode, run.project.currency)
@@ -354,7 +355,8 @@ def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, Ending]:
 
 
 def _ending_text(ref: ep.Reference, j: ep.Judgement, ended: str | None = None) -> str | None:
-    """How an episode ended against its reference: recovered, or (at the run's end) not."""
+    """How an episode ended against its reference: recovered, or at the run's end back but
+    not for long, or never recovered."""
     onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
     if j.state == "recovered":
         since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
@@ -362,6 +364,15 @@ def _ending_text(ref: ep.Reference, j: ep.Judgement, ended: str | None = None) -
         return (
             f"Loss recovered from the blow-up at step {onset}: back at {before} since step"
             f" {since}, {lasted:,.0f} steps after the onset."
+        )
+    if ended is not None and j.state == "recovering":
+        # Back inside, but for fewer points than a recovery asks (a sparse validation loss
+        # may have only a few left): the loss was back; "never recovered" was not true.
+        since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
+        return (
+            f"The run {ended} with its loss back near {before} since step {since}: the blow-up"
+            f" at step {onset} had passed, for fewer points than a recovery asks"
+            f" ({th.EPISODE_RECOVER_POINTS})."
         )
     if ended is not None:
         return (

@@ -271,7 +271,10 @@ def episode_ends_by_run(run_ids: list[int]) -> dict[int, Flag]:
         )
         # Rows closed before the ending said its state have none: they count (a key that is
         # absent compares as NULL, which a bare exclude() would drop).
-        .filter(~Q(data__episode__state="recovered") | Q(data__episode__state__isnull=True))
+        .filter(
+            ~Q(data__episode__state__in=("recovered", "recovering"))
+            | Q(data__episode__state__isnull=True)
+        )
         .annotate(attempt=attempt)
         .filter(attempt=F("run__current_segment"))
         .order_by("-created_at", "-id")

@@ -49,6 +49,7 @@ class Job:
 def _flag_rows(name: str) -> tuple[list[FlagRow], list[str]]:
     """The replayed run's flag rows on its own clock, with what their notifications became."""
     from alerts.models import Notification
+    from forecasting.estimators import episode_states
     from forecasting.models import Flag
     from tracker.models import Run
 
@@ -70,6 +71,7 @@ def _flag_rows(name: str) -> tuple[list[FlagRow], list[str]]:
             onset_step=f.onset_step,
             rollback_step=f.data.get("rollback_step"),
             closed_by_end=bool(f.data.get("closed_by_run_end")),
+            back_at_end=episode_states.state_of(f.data) in ("recovered", "recovering"),
             sent=sts.count("sent"),
             held=sts.count("suppressed"),
         )

@@ -26,6 +26,7 @@ class FlagRow:
     onset_step: float | None
     rollback_step: float | None
     closed_by_end: bool  # resolved because the run ended: not the state at its last point
+    back_at_end: bool = False  # ... saying the loss was back then (recovered or recovering)
     sent: int  # notifications of this row sent
     held: int  # notifications of this row not sent (the cooldown, or "no worse than" the last)
 
@@ -59,10 +60,11 @@ def _divergence(flags: list[FlagRow]) -> list[FlagRow]:
 
 
 def open_after(flags: list[FlagRow], t: float) -> set[str]:
-    """Divergence kinds open once every row at or before t is applied (run-end closes aside)."""
+    """Divergence kinds open once every row at or before t is applied (run-end closes aside,
+    but for those that say the loss was back: the episode was over when the run ended)."""
     state: dict[str, str] = {}
     for f in _divergence(flags):
-        if f.t <= t and not f.closed_by_end:
+        if f.t <= t and (not f.closed_by_end or f.back_at_end):
             state[f.kind] = f.state
     return {k for k, s in state.items() if s in OPEN_STATES}
 

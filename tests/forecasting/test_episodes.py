@@ -168,6 +168,42 @@ def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(proj
     assert len(resolved) == 1 and "recovered from the blow-up at step" in resolved[0].explanation
 
 
+def test_a_spike_back_under_a_loss_still_falling_fast_is_recovered():
+    # A warm-down drops the loss ~40% over the last twenty points: a trend, not a swing (it
+    # held 37 of 49 spikes injected into modded-nanogpt curves open to the runs' ends).
+    steps = np.arange(1200)
+    rng = np.random.default_rng(3)
+    loss = 3.5 * np.exp(rng.normal(0, 0.01, steps.size))
+    loss[(steps >= 1000) & (steps < 1010)] = 20.0
+    fall = steps >= 1180
+    loss[fall] *= np.exp(-0.5 * (steps[fall] - 1180) / 20)
+    ref = ep.reference_before(steps, loss, 1000)
+    assert ref is not None
+    j = ep.judge(steps, loss, ref)
+    assert j is not None and j.state == "recovered", j
+
+
+def test_a_run_that_ends_with_its_loss_just_back_did_not_end_diverged(project):
+    """Back inside its band for fewer points than a recovery asks when the run ends (a sparse
+    validation loss may never have twenty left): the flag closes saying the loss was back."""
+    from django.utils import timezone
+
+    from forecasting import selectors
+    from tracker.models import Run
+
+    run = make_run(project, total=6000)
+    steps = np.arange(ONSET + 30)
+    replay(run, steps, blown_up(steps, recover=True), every=10)
+    assert _open_loss_kinds(run)  # still open: back for 15 points only
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+    compute.forecast_compute(run_id=run.pk, now=at(ONSET + 100))
+    closed = Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("-created_at", "-id")[0]
+    assert closed.state == "resolved" and closed.data["closed_by_run_end"] is True
+    assert "back near its level before it" in closed.explanation
+    assert "never recovered" not in closed.explanation
+    assert selectors.episode_at_end(run=run) is None  # not "diverged" on the card or board
+
+
 def test_a_decaying_spike_told_and_resolved_is_not_raised_again(project, monkeypatch):
     """Its onset, searched back on each computation, moves by a point or two as the points
     arrive (made to move here on every computation, as noise does on a real curve); the
