@@ -26,9 +26,9 @@ class FlagRow:
     onset_step: float | None
     rollback_step: float | None
     closed_by_end: bool  # resolved because the run ended: not the state at its last point
-    back_at_end: bool = False  # ... saying the loss was back then (recovered or recovering)
     sent: int  # notifications of this row sent
     held: int  # notifications of this row not sent (the cooldown, or "no worse than" the last)
+    back_at_end: bool = False  # closed by the run's end saying the loss was back then
 
 
 @dataclass

@@ -34,6 +34,7 @@ def flag(t: float, kind: str, state: str, rollback: float | None = None, **kw: o
         closed_by_end=bool(kw.get("end", False)),
         sent=int(kw.get("sent", 1)),  # type: ignore[call-overload]
         held=int(kw.get("held", 0)),  # type: ignore[call-overload]
+        back_at_end=bool(kw.get("back", False)),
     )
 
 
@@ -72,6 +73,11 @@ def test_a_recovered_episode_whose_flag_stays_open_has_the_wrong_end_state() -> 
     assert s.rollback_ok and s.end_state_correct
     still_open = score_episode("r", back, flags[:1], CLOCK, CHECKPOINTS)
     assert still_open.healthy_while_diverged_s == 0.0 and not still_open.end_state_correct
+    # The run's end closed it saying the loss was back: the episode was over, as it was.
+    ended_back = [flags[0], flag(401, "rise", "resolved", end=True, back=True)]
+    assert score_episode("r", back, ended_back, CLOCK, CHECKPOINTS).end_state_correct
+    ended_open = [flags[0], flag(401, "rise", "resolved", end=True)]
+    assert not score_episode("r", back, ended_open, CLOCK, CHECKPOINTS).end_state_correct
 
 
 def test_a_missed_episode_was_shown_healthy_from_onset_to_end() -> None:
