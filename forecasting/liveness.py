@@ -101,11 +101,15 @@ def server_listening(
     return True
 
 
+@transaction.atomic
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress).
 
     Silence while the server itself was not listening does not count: a client spools through
     an outage and replays when it is back (outage-aware, see server_tick).
+
+    All or nothing: a check that fails half-way must not leave the run "crashed" without its
+    flag, since the sweep, which checks active runs only, would never look at it again.
     """
     now = now or timezone.now()
     run = Run.objects.select_related("project").filter(pk=run_id).first()
