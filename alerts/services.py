@@ -26,6 +26,7 @@ from alerts.messages import message_for, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
+from config import sweeps
 from forecasting.estimators import episode_states
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
@@ -226,12 +227,10 @@ def flags_dispatch(*, now: datetime | None = None, limit: int = 500) -> int:
     )
     created = 0
     for flag_id in ids:
-        try:
+        # Its transaction rolls back, so it stays unclaimed for the next sweep; one bad row
+        # (oldest first, so always first) must not stop every other project's alerts.
+        with sweeps.unit("dispatch of flag", flag_id):
             created += len(flag_dispatch(flag_id=flag_id, now=now))
-        except Exception:
-            # Its transaction rolled back, so it stays unclaimed for the next sweep; one bad row
-            # (oldest first, so always first) must not stop every other project's alerts.
-            logger.exception("dispatching flag %s failed; retried on the next sweep", flag_id)
     return created
 
 
@@ -297,7 +296,11 @@ def runs_ended_dispatch(*, now: datetime | None = None) -> int:
         status__in=(Run.Status.FINISHED, Run.Status.FAILED, Run.Status.CRASHED),
         ended_at__gte=now - RUN_END_SWEEP_WINDOW,
     ).values_list("pk", flat=True)
-    return sum(len(run_end_dispatch(run_id=run_id)) for run_id in ids)
+    created = 0
+    for run_id in ids:
+        with sweeps.unit("dispatch of the ending of run", run_id):
+            created += len(run_end_dispatch(run_id=run_id))
+    return created
 
 
 def _rule_for(event: Event) -> Rule | None:
@@ -593,11 +596,12 @@ def digests_send_due(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     sent = 0
     for project in Project.objects.order_by("pk"):
-        local = now.astimezone(project.tzinfo)
-        if local.hour >= settings.RUNCAST_ALERTS_DIGEST_HOUR and digest_send(
-            project=project, day=local.date(), now=now
-        ):
-            sent += 1
+        with sweeps.unit("digest of project", project.slug):
+            local = now.astimezone(project.tzinfo)
+            if local.hour >= settings.RUNCAST_ALERTS_DIGEST_HOUR and digest_send(
+                project=project, day=local.date(), now=now
+            ):
+                sent += 1
     return sent
 
 

@@ -101,11 +101,15 @@ def server_listening(
     return True
 
 
+@transaction.atomic
 def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     """Mark a silent run crashed (heartbeat lost) or stalled (alive, no progress).
 
     Silence while the server itself was not listening does not count: a client spools through
     an outage and replays when it is back (outage-aware, see server_tick).
+
+    All or nothing: a check that fails half-way must not leave the run "crashed" without its
+    flag, since the sweep, which checks active runs only, would never look at it again.
     """
     now = now or timezone.now()
     run = Run.objects.select_related("project").filter(pk=run_id).first()
@@ -122,17 +126,17 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
             .values_list("received_at", flat=True)[:500]
         ][::-1]
     )
-    if run.current_segment > 1:
+    attempt = (
+        run.segments.filter(number=run.current_segment)
+        .values_list("started_at", "heartbeat_interval_s")
+        .first()
+    )
+    opened_at, declared_s = (attempt[0].timestamp(), attempt[1]) if attempt else (None, None)
+    if run.current_segment > 1 and opened_at is not None:
         # A resume is contact: the job calls init before its first batch, and a sweep between
         # the two read the crash's silence as the new attempt's (the demo drill's resume got
         # "no heartbeat for 2 min", was marked crashed and its old NaN alert sent again).
-        resumed = (
-            run.segments.filter(number=run.current_segment)
-            .values_list("started_at", flat=True)
-            .first()
-        )
-        if resumed is not None:
-            beats = np.sort(np.append(beats, resumed.timestamp()))
+        beats = np.sort(np.append(beats, opened_at))
     # Progress of the current attempt only: a resume goes back to a checkpoint, and its first
     # steps lie below the old attempt's furthest one without being a stall.
     # Chunks whose batch row retention deleted have no received time; they are days old.
@@ -147,6 +151,11 @@ def run_check_liveness(*, run_id: int, now: datetime | None = None) -> list[Flag
         progress_s,
         now=now.timestamp(),
         listening_since=since.timestamp() if since is not None else None,
+        # A first attempt's create is contact too, so a job killed after it (or after one
+        # batch) is judged from then, by its client's declared heartbeat or the fixed limit.
+        opened_at=opened_at,
+        declared_interval_s=declared_s,
+        unknown_cadence_limit_s=settings.RUNCAST_STALL_UNKNOWN_CADENCE_S,
     )
     conditions = []
     raised: list[Flag] = []

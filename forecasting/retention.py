@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Count, Max, Min
 
+from config import sweeps
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Forecast
 from forecasting.selectors import MOVE_WINDOW
@@ -85,7 +86,8 @@ def forecasts_thin(*, now: datetime, budget_s: float = 40.0) -> ForecastThinResu
         run_id, kind = pair["run_id"], pair["kind"]
         if time.monotonic() - began > budget_s:
             return ForecastThinResult(thinned=thinned, conditions=conditions, done=False)
-        thinned += _thin_one(run_id=run_id, kind=kind, cutoff=cutoff, every=every)
+        with sweeps.unit("forecast thinning of run", f"{run_id} ({kind})"):
+            thinned += _thin_one(run_id=run_id, kind=kind, cutoff=cutoff, every=every)
     return ForecastThinResult(thinned=thinned, conditions=conditions, done=True)
 
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
+from config import sweeps
 from forecasting import retention, selectors
 
 # `forecasting.compute` and `forecasting.liveness` (the estimators: scipy, pandas, statsmodels;
@@ -59,8 +60,12 @@ def sweep_active_runs() -> None:
     if not liveness.server_listening(probe_url=settings.RUNCAST_WEB_PROBE_URL):
         return  # the web tier is down: clients spool, and nobody's silence is their own
     for run_id in selectors.active_run_ids():
-        liveness.run_check_liveness(run_id=run_id)
-        forecast_enqueue(run_id=run_id)
+        with sweeps.unit("liveness of run", run_id):
+            try:
+                liveness.run_check_liveness(run_id=run_id)
+            finally:
+                # A run whose liveness check fails is still forecast.
+                forecast_enqueue(run_id=run_id)
 
 
 @shared_task(soft_time_limit=50, time_limit=55)
@@ -74,7 +79,8 @@ def sweep_gpu_hosts() -> None:
     from forecasting.gpu import selectors as gpu_selectors
 
     for host_id in gpu_selectors.recently_seen_host_ids():
-        gpu_check.gpu_check_host(host_id=host_id)
+        with sweeps.unit("GPU check of host", host_id):
+            gpu_check.gpu_check_host(host_id=host_id)
 
 
 @shared_task(soft_time_limit=120, time_limit=150)

@@ -24,6 +24,9 @@ MAX_HOSTS = 4_096
 # (a time in milliseconds would be year 55,000) and forecasts would extrapolate from nonsense.
 MIN_EPOCH_S = 0.0
 MAX_EPOCH_S = float(2**32)
+# The heartbeat interval a client declares at create (seconds): beyond an hour it promises
+# nothing the liveness sweep could use, and a run that declares none is judged without one.
+MAX_HEARTBEAT_INTERVAL_S = 3600.0
 # Steps and event steps are stored as int64.
 MAX_ABS_STEP = 2**62
 # Per-rank step timings (POST /api/v1/runs/{id}/timings): a rank batching 30 s of 1 step/s

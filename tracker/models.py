@@ -252,6 +252,11 @@ class RunSegment(models.Model):
     # Retention deletes old batch rows (tracker.retention): the highest seq of this session it
     # deleted. A batch at or below it was stored already, so dedupe outlives the rows.
     seq_floor = models.BigIntegerField(null=True, blank=True)
+    # Seconds between the heartbeats its process declared at create it sends while alive (the
+    # runcast client's, when online); null: none declared (an MLflow client, an older client,
+    # a session whose create never arrived). The liveness sweep's yardstick for a run too
+    # young to have a cadence of its own.
+    heartbeat_interval_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [

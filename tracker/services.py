@@ -150,10 +150,12 @@ def run_start(
     fields: dict[str, Any],
     deadline_slug: str | None = None,
     created_by_token: ApiToken | None = None,
+    heartbeat_interval_s: float | None = None,
 ) -> RunStart:
     """Create a run, or resume it as a new segment. Idempotent on (run id, session).
 
     `created_by_token` is recorded only when the run is created: a resume keeps the provenance.
+    `heartbeat_interval_s`: how often this attempt's process says it will beat while alive.
     """
     deadline = None
     if deadline_slug:
@@ -175,7 +177,8 @@ def run_start(
         return RunStart(run=run, segment=existing, created=False)
     if not created:
         _run_update_on_resume(run=run, fields=fields, deadline=deadline)
-    return RunStart(run=run, segment=_segment_open(run=run, session=session), created=created)
+    segment = _segment_open(run=run, session=session, heartbeat_interval_s=heartbeat_interval_s)
+    return RunStart(run=run, segment=segment, created=created)
 
 
 def _run_update_on_resume(*, run: Run, fields: dict[str, Any], deadline: Deadline | None) -> None:
@@ -191,10 +194,16 @@ def _run_update_on_resume(*, run: Run, fields: dict[str, Any], deadline: Deadlin
     run.save()
 
 
-def _segment_open(*, run: Run, session: str) -> RunSegment:
+def _segment_open(
+    *, run: Run, session: str, heartbeat_interval_s: float | None = None
+) -> RunSegment:
     number = run.current_segment + 1
     segment = RunSegment.objects.create(
-        run=run, number=number, session=session, previous_last_step=run.last_step
+        run=run,
+        number=number,
+        session=session,
+        previous_last_step=run.last_step,
+        heartbeat_interval_s=heartbeat_interval_s,
     )
     # The new segment's steps start over: last_step follows the newest segment.
     Run.objects.filter(pk=run.pk).update(current_segment=number, last_step=None)

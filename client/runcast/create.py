@@ -26,6 +26,7 @@ MAX_CONFIG_BYTES = 256 * 1024
 MAX_NAME_LENGTH = 200
 MAX_TOTAL_STEPS = 2**62
 MAX_WORLD_SIZE = 10_000_000
+MAX_HEARTBEAT_INTERVAL_S = 3600.0
 # The server sets no per-tag or per-host limit; these keep the create far below its 8 MiB
 # request limit (a host name is at most 255 characters anyway).
 MAX_TAG_LENGTH = 200
@@ -85,6 +86,20 @@ def total_steps(value: Any) -> int | None:
 
 def world_size(value: Any) -> int | None:
     return _count("world_size", value, 1, MAX_WORLD_SIZE)
+
+
+def heartbeat_interval(value: Any, *, online: bool) -> float | None:
+    """The interval this process beats at while alive, declared so the server can tell a young
+    run that died from one slow to log its first steps (a compile, a checkpoint load). None
+    when it sends no heartbeats (offline: `runcast sync` delivers its spool later) or beats at
+    an interval the server would refuse (the server then judges the run without one)."""
+    if not online:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if 0 < seconds <= MAX_HEARTBEAT_INTERVAL_S else None  # NaN fails both
 
 
 def started_at(value: Any, now: float) -> float:

@@ -492,6 +492,9 @@ def init(
         # So the server can tell this run's GPU processes from everyone else's (docs/gpu.md).
         "process": _process_registration(),
         "started_at": create.started_at(started_at, now=_time.time()),
+        "heartbeat_interval": create.heartbeat_interval(
+            resolved.heartbeat_interval, online=resolved.mode == "online"
+        ),
     }
     return Run(run_id, resolved, body, spec)
 

@@ -265,6 +265,15 @@ RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
 # often, and the sweep judges a gap of a few periods in its own ticks as a worker outage.
 RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)
 
+# How long a run too young to have a cadence of its own (fewer than 3 contacts: its create and
+# up to two batches) may stay silent before the liveness sweep takes it for crashed, when its
+# client declared no heartbeat interval (an MLflow client, an older runcast client; the
+# runcast client declares its 15 s and is judged by that, 75 s). Such a client says nothing
+# until its training loop logs, and a first step can take long (a 20-minute torch.compile, a
+# checkpoint loaded from object storage): an hour is three such compiles, and a false "looks
+# crashed" at night costs more than an hour's wait to hear of a job that died that young.
+RUNCAST_STALL_UNKNOWN_CADENCE_S = env.float("RUNCAST_STALL_UNKNOWN_CADENCE_S", default=3600.0)
+
 # The forecast debounce marker lives here; production points it at Redis so every web worker
 # shares it (an in-process cache would allow one forecast per worker per interval).
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}

@@ -604,7 +604,8 @@ def forecast_eta(
         return None
     s, raw_t = cleaned
     t = stitch_resets(raw_t)
-    now_raw = float(raw_t[-1]) if now is None else float(now)
+    # A clock that is no time (NaN, infinite) says nothing about a silence since the last point.
+    now_raw = float(now) if now is not None and math.isfinite(now) else float(raw_t[-1])
     # Keep "now" on the caller's clock while the model runs on the stitched one.
     silence = max(0.0, now_raw - float(raw_t[-1]))
     tl = _timeline(s, t)

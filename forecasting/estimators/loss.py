@@ -227,7 +227,12 @@ def fit_schedule_aware(
     s, v = steps[mask], values[mask]
     if len(s) < th.LOSS_MIN_FIT_POINTS:
         return None
-    lo = min(float(np.nanmin(lr_steps)), float(steps[0]))
+    # The lr series as logged may hold NaN or infinite steps and restarts: the grid starts at
+    # its first kept step (an infinite one made every grid point NaN and the fit raise).
+    lr_steps, lr_values = clean_series(lr_steps, lr_values)
+    if len(lr_steps) < 2:
+        return None
+    lo = min(float(lr_steps[0]), float(steps[0]))
     grid = np.linspace(lo, max(horizon, float(steps[-1])), th.LOSS_SCHEDULE_GRID)
     eta = _lr_on_grid(lr_steps, lr_values, grid)
     if eta is None:
@@ -424,7 +429,9 @@ def _half_width(
     # The candidate curves' disagreement and the size of the forecast change are both model risk.
     model_gap = th.LOSS_INTERVAL_GAP_SHARE * max(gap, abs(p50 - level))
     drift = abs(level) * th.LOSS_INTERVAL_REL_PER_LOG_HORIZON * horizon
-    sd = math.sqrt(noise**2 + model_gap**2 + drift**2)
+    # hypot, not sqrt of squares: a loss that blew up to 1e200 is finite, and its square is not
+    # (a float ** raises OverflowError where numpy would give inf).
+    sd = math.hypot(noise, model_gap, drift)
     return th.LOSS_INTERVAL_Z * sd
 
 

@@ -15,7 +15,7 @@ from forecasting.estimators.jsonable import as_json
 class StallResult:
     stalled: bool
     silent_s: float
-    usual_interval_s: float
+    usual_interval_s: float | None  # None: too few contacts to know it
     kind: str  # "no_heartbeat" | "no_progress"
     explanation: str
 
@@ -62,11 +62,19 @@ def detect_stall(
     *,
     now: float,
     listening_since: float | None = None,
+    opened_at: float | None = None,
+    declared_interval_s: float | None = None,
+    unknown_cadence_limit_s: float | None = None,
 ) -> StallResult | None:
-    """Stall verdict, or None when there is too little history to know the usual cadence.
+    """Stall verdict, or None when nothing can be said.
 
     `listening_since`: when the server last came back. Silence before it was the server's own
     (a client spools through an outage and replays after), so it does not count against a run.
+
+    A run with too few contacts to have a cadence of its own (fewer than 3, the create or
+    resume at `opened_at` among them) is judged by `_young_run`: against the heartbeat
+    interval its client declared (`declared_interval_s`), else against the fixed
+    `unknown_cadence_limit_s` (None: such a run is not judged).
     """
     floor = -np.inf if listening_since is None else listening_since + th.STALL_RECONNECT_GRACE_S
     beats = np.asarray(heartbeat_times, dtype=float)
@@ -75,14 +83,23 @@ def detect_stall(
         np.asarray(progress_times, dtype=float), np.asarray(progress_steps, dtype=float)
     )
     moved = moved[moved <= now]
-    # Progress points are heartbeats too: a run that logs steps is alive.
-    alive = np.concatenate((beats, moved))
-    if alive.size >= 3:
-        usual = _usual_interval(alive)
-        silent = now - max(float(alive.max()), floor)
-        if usual is not None and silent > _limit(usual):
-            text = f"no heartbeat for {span(silent)} (usually every {span(usual)})"
-            return StallResult(True, float(silent), usual, "no_heartbeat", text)
+    # Progress points are heartbeats too: a run that logs steps is alive. A batch with steps is
+    # both, at one time: one contact (two batches counted as four had a "cadence").
+    alive = np.unique(np.concatenate((beats, moved)))
+    usual = _usual_interval(alive) if alive.size >= 3 else None
+    if usual is None:
+        return _young_run(
+            alive,
+            opened_at=opened_at,
+            now=now,
+            floor=floor,
+            declared_interval_s=declared_interval_s,
+            unknown_cadence_limit_s=unknown_cadence_limit_s,
+        )
+    silent = now - max(float(alive.max()), floor)
+    if silent > _limit(usual):
+        text = f"no heartbeat for {span(silent)} (usually every {span(usual)})"
+        return StallResult(True, float(silent), usual, "no_heartbeat", text)
     if moved.size >= 3:
         gaps = _recent_gaps(moved)
         silent = now - max(float(moved.max()), floor)
@@ -92,10 +109,44 @@ def detect_stall(
             verb = "alive but no progress" if stalled else "progressing"
             text = f"{verb}: last step {span(silent)} ago (usually every {span(usual)})"
             return StallResult(stalled, float(silent), usual, "no_progress", text)
-    if alive.size >= 3:
-        usual = _usual_interval(alive)
-        if usual is not None:
-            silent = now - max(float(alive.max()), floor)
-            text = f"heartbeat {span(silent)} ago (usually every {span(usual)})"
-            return StallResult(False, float(silent), usual, "no_heartbeat", text)
-    return None
+    text = f"heartbeat {span(silent)} ago (usually every {span(usual)})"
+    return StallResult(False, float(silent), usual, "no_heartbeat", text)
+
+
+def _young_run(
+    alive: np.ndarray,
+    *,
+    opened_at: float | None,
+    now: float,
+    floor: float,
+    declared_interval_s: float | None,
+    unknown_cadence_limit_s: float | None,
+) -> StallResult | None:
+    """A run that has no cadence of its own yet (a job killed after its create or first batch,
+    or one slow to log its first step): silent for too long, it is taken for dead.
+
+    Its client's declared heartbeat interval is the cadence it promised, on the same rule as a
+    cadence seen (STALL_FACTOR of them, at least STALL_MIN_S): a client that beats while the
+    process lives beats through a 20-minute compile, so its silence is death. Without one (an
+    MLflow client sends nothing until the loop logs) the silence may be a slow first step, and
+    only the fixed `unknown_cadence_limit_s` tells the two apart.
+    """
+    contacts = alive
+    if opened_at is not None and np.isfinite(opened_at) and opened_at <= now:
+        contacts = np.append(alive, opened_at)
+    if contacts.size == 0:
+        return None
+    n = contacts.size
+    said = f"{n} contact{'' if n == 1 else 's'} since it started"
+    if declared_interval_s is not None and np.isfinite(declared_interval_s):
+        limit = _limit(max(float(declared_interval_s), 0.0))
+        why = f"{said}; its client beats every {span(declared_interval_s)} while alive"
+    elif unknown_cadence_limit_s is not None:
+        limit = float(unknown_cadence_limit_s)
+        why = f"{said}, too few for a cadence; {span(limit)} of silence is the limit"
+    else:
+        return None
+    silent = now - max(float(contacts.max()), floor)
+    stalled = bool(silent > limit)
+    head = f"no heartbeat for {span(silent)}" if stalled else f"heartbeat {span(silent)} ago"
+    return StallResult(stalled, float(silent), None, "no_heartbeat", f"{head} ({why})")

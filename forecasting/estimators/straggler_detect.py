@@ -102,6 +102,12 @@ def _validate(
         if a.shape != compute.shape:
             raise ValueError(f"{name}: expected shape {compute.shape}, got {a.shape}")
         extra.append(a)
+    # A row without a finite step has no place on the job's timeline (its stride, the steps a
+    # finding affects): left out, as a row no rank reported.
+    placed = np.isfinite(steps)
+    if not placed.all():
+        steps, compute = steps[placed], compute[placed]
+        extra = [None if a is None else a[placed] for a in extra]
     return steps, compute, extra[0], extra[1]
 
 

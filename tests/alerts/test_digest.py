@@ -94,6 +94,29 @@ def test_it_waits_for_the_digest_hour_in_the_projects_timezone(
     assert services.digests_send_due(now=MORNING + timedelta(hours=7)) == 1
 
 
+def test_a_project_whose_timezone_cannot_be_read_does_not_stop_the_others_digests(
+    project: Project,
+    other_project: Project,
+    mailbox: Mailbox,
+    no_default_slack: None,
+    caplog: Any,
+) -> None:
+    # A zone the server's tzdata has since dropped (US/Pacific-New went in 2020b), on the
+    # project the sweep takes first.
+    assert project.pk < other_project.pk
+    Project.objects.filter(pk=project.pk).update(timezone="US/Pacific-New")
+    with_deadline_run(project)
+    with_deadline_run(other_project)
+
+    assert services.digests_send_due(now=MORNING) == 1
+
+    assert [m["To"] for m in mailbox.messages] == ["outsider@example.com"]
+    failed = [r.getMessage() for r in caplog.records if r.name == "runcast.sweeps"]
+    assert failed == [
+        "sweep: digest of project llm failed; the sweep goes on and the next one retries it"
+    ]
+
+
 def test_it_skips_projects_with_nothing_to_report(
     project: Project, mailbox: Mailbox, no_default_slack: None
 ) -> None:

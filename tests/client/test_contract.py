@@ -268,6 +268,24 @@ def test_create_limits_are_the_servers() -> None:
     assert create_module.MAX_TAGS == limits.MAX_TAGS
     assert create_module.MAX_HOSTS == limits.MAX_HOSTS
     assert create_module.MAX_CONFIG_BYTES == limits.MAX_CONFIG_BYTES
+    assert create_module.MAX_HEARTBEAT_INTERVAL_S == limits.MAX_HEARTBEAT_INTERVAL_S
+
+
+def test_an_online_run_declares_the_heartbeat_it_sends_and_an_offline_one_none(
+    server: Any, make_settings: Any, tmp_path: Path
+) -> None:
+    # Online, the sender beats every RUNCAST_HEARTBEAT_INTERVAL s while the process lives: the
+    # server may take a young run silent for several of them for dead.
+    run = runcast.init(settings=make_settings(server.url, heartbeat_interval=15.0))
+    run.finish()
+    body = server.state.runs[run.id].body
+    assert body["heartbeat_interval"] == 15.0
+    assert _server_takes_create(json.dumps(body).encode())
+    # Offline, nothing beats: `runcast sync` delivers the spool whenever it is run.
+    assert _client_create(tmp_path / "offline", settings=Settings())["heartbeat_interval"] is None
+    # An interval the server would refuse is not declared (the run is judged without one).
+    for interval in (0.0, -1.0, math.nan, limits.MAX_HEARTBEAT_INTERVAL_S * 2):
+        assert create_module.heartbeat_interval(interval, online=True) is None
 
 
 _CONFIG_AT_LIMIT = {"blob": "x" * (limits.MAX_CONFIG_BYTES - len('{"blob": ""}'))}

@@ -142,6 +142,25 @@ def test_hang_is_busy_gpus_without_progress() -> None:
     assert ga.find_hang(t, v, events, busy_level=90.0, now=1100.0) is None
 
 
+def test_hang_judges_only_the_progress_known_by_now() -> None:
+    # The GPU samples end at 1000 s (the agent stopped); the run started at 1300 s and steps on.
+    t = np.arange(1000, dtype=float)
+    steps = np.arange(1300, 2000, 2.0)
+    events = ga.RunEvents(
+        phases=[ga.Phase(1300, 2001, "train")], step_times=steps, steps=np.arange(steps.size)
+    )
+    assert ga.find_hang(t, np.full(t.size, 95.0), events, busy_level=90.0) is None
+    # Progress after `now` does not count as the history before it: steps every 2 s until
+    # 1000 s, none until 3000 s, then stepping again. At 2000 s it is a hang.
+    steps = np.concatenate((np.arange(0, 1000, 2.0), np.arange(3000, 3100, 2.0)))
+    events = ga.RunEvents(
+        phases=[ga.Phase(0, 3600, "train")], step_times=steps, steps=np.arange(steps.size)
+    )
+    t = np.arange(2000, dtype=float)
+    hang = ga.find_hang(t, np.full(t.size, 95.0), events, busy_level=90.0, now=2000.0)
+    assert hang is not None and hang.start == pytest.approx(998.0)
+
+
 def test_attribution_follows_identities_across_namespaces() -> None:
     rng = np.random.default_rng(5)
     trace = gattr.synthetic_trace(rng, gpus=4, seconds=200)

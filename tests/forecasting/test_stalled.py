@@ -17,6 +17,40 @@ def test_too_little_history() -> None:
     assert detect_stall(np.array([0.0]), np.array([]), np.array([]), now=10.0) is None
 
 
+def test_a_young_run_is_judged_by_the_heartbeat_its_client_declared() -> None:
+    # Its create at 0 and one batch with steps at 10 s (a heartbeat and progress: one contact).
+    beats, steps_t = np.array([10.0]), np.array([10.0])
+    young = {"opened_at": 0.0, "declared_interval_s": 15.0, "unknown_cadence_limit_s": 3600.0}
+    alive = detect_stall(beats, steps_t, np.array([1.0]), now=80.0, **young)
+    assert alive is not None and not alive.stalled  # 70 s: under 5 heartbeats of 15 s
+    dead = detect_stall(beats, steps_t, np.array([1.0]), now=90.0, **young)
+    assert dead is not None and dead.stalled and dead.kind == "no_heartbeat"
+    assert dead.silent_s == pytest.approx(80.0) and dead.usual_interval_s is None
+    assert dead.explanation == (
+        "no heartbeat for 1 min (2 contacts since it started; its client beats every 15 s while"
+        " alive)"
+    )
+    json.dumps(dead.to_dict(), allow_nan=False)
+
+
+def test_a_young_run_without_a_declared_heartbeat_gets_the_fixed_limit() -> None:
+    empty = np.array([])
+    limit = {"opened_at": 0.0, "unknown_cadence_limit_s": 3600.0}
+    compiling = detect_stall(empty, empty, empty, now=1200.0, **limit)
+    assert compiling is not None and not compiling.stalled
+    dead = detect_stall(empty, empty, empty, now=3700.0, **limit)
+    assert dead is not None and dead.stalled and dead.kind == "no_heartbeat"
+    assert dead.explanation == (
+        "no heartbeat for 1 h (1 contact since it started, too few for a cadence; 1 h of silence"
+        " is the limit)"
+    )
+    # Silence while the server was away is not the run's.
+    back = detect_stall(empty, empty, empty, now=3700.0, listening_since=3000.0, **limit)
+    assert back is not None and not back.stalled
+    # Without a limit to judge it by, nothing is said (the estimator alone, as before).
+    assert detect_stall(empty, empty, empty, now=3700.0, opened_at=0.0) is None
+
+
 def test_healthy_run() -> None:
     beats = np.arange(0.0, 600.0, 10.0)
     steps = np.arange(beats.size, dtype=float)

@@ -74,3 +74,24 @@ def test_a_run_still_stepping_is_no_hang(project: Project) -> None:
     host = busy_host(project)
     gpu_check.gpu_check_host(host_id=host.pk, now=T0 + SPAN)
     assert not Flag.objects.filter(run=run, kind=Flag.Kind.HANG).exists()
+
+
+def test_a_run_that_started_after_the_agent_stopped_is_no_hang(project: Project) -> None:
+    # The agent's last sample is at T0 + SPAN; the job started five minutes later and has been
+    # stepping since. No sample lies in its time: nothing to judge (the check raised "zero-size
+    # array to reduction operation maximum" on every sweep).
+    host = busy_host(project)
+    run = services.run_start(
+        project=project,
+        public_id="later",
+        session="s1",
+        started_at=datetime.fromtimestamp(T0 + SPAN + 300, tz=UTC),
+        fields={},
+    ).run
+    store.run_process_record(run=run, session="s1", host="n1", info={"key": [BOOT, 77, 9000]})
+    times = np.arange(T0 + SPAN + 300, T0 + SPAN + 1200, 2.0)
+    series = services.SeriesIn("loss", np.arange(times.size), np.linspace(3, 2, times.size), times)
+    services.batch_ingest(run=run, session="s1", seq=1, series=[series], events=[], heartbeat=None)
+
+    assert gpu_check.gpu_check_host(host_id=host.pk, now=T0 + SPAN + 1200) == []
+    assert not Flag.objects.filter(run=run, kind=Flag.Kind.HANG).exists()

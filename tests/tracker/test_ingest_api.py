@@ -37,6 +37,13 @@ def test_it_creates_a_run_once_per_session(api, write_token):
     assert "/runs/llm/run-1/" in first.json()["url"]
 
 
+def test_each_attempt_keeps_the_heartbeat_interval_its_create_declared(api, write_token):
+    assert create(api, write_token, heartbeat_interval=15.0).status_code == 201
+    create(api, write_token, session="s2")  # a resume by a client that declares none
+    segments = Run.objects.get().segments.order_by("number")
+    assert list(segments.values_list("heartbeat_interval_s", flat=True)) == [15.0, None]
+
+
 def test_it_stores_a_batch_and_updates_the_summary(api, write_token):
     create(api, write_token)
     res = batch(api, write_token, metrics={"loss": series(0, 100), "lr": series(0, 100, 3e-4)})
@@ -298,6 +305,8 @@ def test_it_answers_400_to_nan_in_an_event_payload(api, write_token):
         ({"name": "a\u0000b"}, "name"),
         ({"tags": ["ok", "a\u0000"]}, "tags[1]"),
         ({"deadline": "a\u0000"}, "deadline"),
+        ({"heartbeat_interval": 0}, "heartbeat_interval"),
+        ({"heartbeat_interval": limits.MAX_HEARTBEAT_INTERVAL_S + 1}, "heartbeat_interval"),
     ],
 )
 def test_it_answers_400_to_hostile_creates_naming_the_field(api, write_token, extra, field):

@@ -57,6 +57,12 @@ class RunCreateIn(Schema):
     started_at: EpochSeconds | None = None
     # The training process's identity for GPU attribution (runcast.procinfo.self_registration).
     process: dict[str, Any] | None = None
+    # Seconds between the heartbeats this process sends while it is alive (the runcast client
+    # declares its RUNCAST_HEARTBEAT_INTERVAL when online): until the run has a cadence of its
+    # own, the liveness sweep judges its silence against this (forecasting/liveness.py).
+    heartbeat_interval: float | None = Field(
+        default=None, gt=0, le=limits.MAX_HEARTBEAT_INTERVAL_S, allow_inf_nan=False
+    )
 
 
 class RunOut(Schema):

@@ -75,6 +75,7 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
         started_at=started,
         deadline_slug=payload.deadline,
         created_by_token=token,
+        heartbeat_interval_s=payload.heartbeat_interval,
         fields={
             "name": payload.name or "",
             "total_steps": payload.total_steps,

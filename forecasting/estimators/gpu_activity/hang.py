@@ -32,14 +32,18 @@ def find_hang(
     if t.size == 0:
         return None
     now = float(t.max()) if now is None else now
+    # The run's history as known at `now`: the samples can end before its progress does (an
+    # agent stopped while training went on, or a run that started after the last sample), and
+    # a step after `now` is neither its usual cadence nor the last progress before it.
     progress = _progress(events)
+    progress = progress[progress <= now]
     if progress.size < 3:
         return None
     usual = float(np.median(np.diff(progress)[-50:]))
     evals = [p.end - p.start for p in events.phases if p.kind == "eval"]
     usual = max(usual, float(np.median(evals)) if evals else 0.0)
     limit = max(settings.hang_factor * usual, settings.hang_min_s)
-    last = float(progress[progress <= now].max())
+    last = float(progress[-1])
     silent = now - last
     if silent < limit:
         return None
