@@ -133,13 +133,17 @@ def _as_episode(
     return replace(cond, explanation=text, onset_step=ref.onset_step, data=data)
 
 
-def _spent_since(series: Series, run: Run, onset: float) -> dict[str, float]:
-    """The training time and GPU cost since the episode's onset, to the run's last point."""
+def _spent_since(
+    series: Series, run: Run, onset: float, until: float | None = None
+) -> dict[str, float]:
+    """The training time and GPU cost since the episode's onset, to `until` (a step; the run's
+    last point by default)."""
     ok = np.isfinite(series.times)
     if not ok.any():
         return {}
     steps, times = series.steps[ok].astype(float), series.times[ok]
-    wasted = max(0.0, float(times[-1]) - float(np.interp(onset, steps, times)))
+    end = float(times[-1]) if until is None else float(np.interp(until, steps, times))
+    wasted = max(0.0, end - float(np.interp(onset, steps, times)))
     out = {"wasted_s": wasted}
     price = run.project.gpu_hour_price
     if run.world_size and price is not None:
@@ -233,7 +237,7 @@ def with_episodes(
     endings: dict[str, Ending] = {}
     if ref is not None and open_flags:
         j0 = judge(ref)
-        text = _ending_text(ref, j0) if j0 is not None else None
+        text = _ending_text(ref, j0, lasted=_lasted(series, run, ref, j0)) if j0 else None
         endings = dict.fromkeys(open_flags, Ending(text)) if text else {}
     out: list[Condition] = []
     for cond in found:
@@ -341,7 +345,7 @@ def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, Ending]:
     if ref is None or not open_flags:
         return {}
     j = ep.judge(series.steps.astype(float), series.values, ref)
-    text = _ending_text(ref, j, ended) if j is not None else None
+    text = _ending_text(ref, j, ended, _lasted(series, run, ref, j)) if j is not None else None
     if j is None or text is None:
         return {}
     undone = _undone(series, run, ref, j)
@@ -354,16 +358,31 @@ def resolutions(*, run: Run, series: Series, ended: str) -> dict[str, Ending]:
     return dict.fromkeys(open_flags, Ending(text, {"episode": episode}))
 
 
-def _ending_text(ref: ep.Reference, j: ep.Judgement, ended: str | None = None) -> str | None:
+def _lasted(series: Series, run: Run, ref: ep.Reference, j: ep.Judgement) -> str:
+    """How long a recovered episode lasted and what it cost, from its onset to the step the
+    loss was back: " It lasted 12 min (≈ $1,240 at the run's rate)." ("" without times)."""
+    if j.state != "recovered" or j.since_step is None:
+        return ""
+    spent = _spent_since(series, run, ref.onset_step, j.since_step)
+    if "wasted_s" not in spent:
+        return ""
+    cost = spent.get("cost")
+    price = f" (≈ {money(cost, run.project.currency)} at the run's rate)" if cost else ""
+    return f" It lasted {span(spent['wasted_s'])}{price}."
+
+
+def _ending_text(
+    ref: ep.Reference, j: ep.Judgement, ended: str | None = None, lasted: str = ""
+) -> str | None:
     """How an episode ended against its reference: recovered, or at the run's end back but
     not for long, or never recovered."""
     onset, before = f"{ref.onset_step:,.0f}", f"its level before it (~{ref.value:.4g})"
     if j.state == "recovered":
         since = f"{j.since_step:,.0f}" if j.since_step is not None else onset
-        lasted = (j.since_step or ref.onset_step) - ref.onset_step
+        steps = (j.since_step or ref.onset_step) - ref.onset_step
         return (
             f"Loss recovered from the blow-up at step {onset}: back at {before} since step"
-            f" {since}, {lasted:,.0f} steps after the onset."
+            f" {since}, {steps:,.0f} steps after the onset.{lasted}"
         )
     if ended is not None and j.state == "recovering":
         # Back inside, but for fewer points than a recovery asks (a sparse validation loss

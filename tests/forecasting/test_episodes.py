@@ -166,6 +166,8 @@ def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(proj
     assert [r.state for r in rows].count("raised") == 1
     resolved = [r for r in rows if r.state == "resolved"]
     assert len(resolved) == 1 and "recovered from the blow-up at step" in resolved[0].explanation
+    # How long it lasted and, at the run's rate, what it cost (issue 22, item 4).
+    assert "It lasted " in resolved[0].explanation
 
 
 def test_a_spike_back_under_a_loss_still_falling_fast_is_recovered():
