@@ -62,8 +62,11 @@ def _flag_rows(name: str) -> tuple[list[FlagRow], list[str]]:
     ):
         status.setdefault(flag_id, []).append(st)
     rows, texts = [], []
+    said: dict[str, dict] = {}  # the last row of each kind: is this one worse news?
     for f in Flag.objects.filter(run=run).order_by("created_at", "id"):
         sts = status.get(f.pk, [])
+        worse = f.state == "updated" and episode_states.escalates(f.data, said.get(f.kind))
+        said[f.kind] = f.data
         row = FlagRow(
             t=f.created_at.timestamp() - start,
             kind=f.kind,
@@ -74,6 +77,7 @@ def _flag_rows(name: str) -> tuple[list[FlagRow], list[str]]:
             back_at_end=episode_states.state_of(f.data) in ("recovered", "recovering"),
             sent=sts.count("sent"),
             held=sts.count("suppressed"),
+            escalation=worse,
         )
         rows.append(row)
         texts.append(f.explanation)

@@ -29,6 +29,7 @@ class FlagRow:
     sent: int  # notifications of this row sent
     held: int  # notifications of this row not sent (the cooldown, or "no worse than" the last)
     back_at_end: bool = False  # closed by the run's end saying the loss was back then
+    escalation: bool = False  # an update that is worse news than its flag's row before
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Scored:
     end_open: bool = False
     messages: int = 0
     held: int = 0
+    escalations: int = 0  # updates worse than their flag's row before (diverged, blew up again)
+    escalations_held: int = 0  # ... of which not sent
     false_alerts: Counter[str] = field(default_factory=Counter)  # healthy replays only
 
     @property
@@ -114,6 +117,8 @@ def score_episode(
     after = [f for f in _divergence(flags) if f.t >= episode.onset_t]
     out.messages = sum(f.sent for f in after)
     out.held = sum(f.held for f in after if f.state in OPEN_STATES)
+    out.escalations = sum(1 for f in after if f.escalation)
+    out.escalations_held = sum(1 for f in after if f.escalation and f.held)
     return out
 
 
@@ -158,6 +163,8 @@ def episode_summary(eps: list[Scored]) -> dict[str, Any]:
         "end_state_correct_share": _share([e.end_state_correct for e in eps]),
         "messages_per_episode": _stats([float(e.messages) for e in eps]),
         "raises_or_updates_not_sent": sum(e.held for e in eps),
+        "escalations": sum(e.escalations for e in eps),
+        "escalations_not_sent": sum(e.escalations_held for e in eps),
     }
 
 

@@ -35,6 +35,7 @@ def flag(t: float, kind: str, state: str, rollback: float | None = None, **kw: o
         sent=int(kw.get("sent", 1)),  # type: ignore[call-overload]
         held=int(kw.get("held", 0)),  # type: ignore[call-overload]
         back_at_end=bool(kw.get("back", False)),
+        escalation=bool(kw.get("worse", False)),
     )
 
 
@@ -63,6 +64,10 @@ def test_an_episode_shown_healthy_between_a_resolve_and_a_raise() -> None:
     assert s.end_open and s.end_state_correct  # open at the last point, never recovered
     assert s.messages == 4  # from the onset on: raise, resolve, update, end's resolve
     assert s.held == 1
+    assert (s.escalations, s.escalations_held) == (0, 0)
+    worse = [flag(110, "spike", "raised"), flag(130, "spike", "updated", worse=True, held=1)]
+    s = score_episode("r", ONSET, worse, CLOCK, CHECKPOINTS)
+    assert (s.escalations, s.escalations_held) == (1, 1)
 
 
 def test_a_recovered_episode_whose_flag_stays_open_has_the_wrong_end_state() -> None:
