@@ -202,6 +202,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu's Redis transport with a channel that closes cleanly on a dead server: with the
+    # stock one a kill of Redis made the worker exit instead of reconnecting (config/broker.py).
+    CELERY_BROKER_TRANSPORT = "config.broker:RedisTransport"
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
