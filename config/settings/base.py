@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -265,9 +266,25 @@ RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
 # often, and the sweep judges a gap of a few periods in its own ticks as a worker outage.
 RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)
 
-# The forecast debounce marker lives here; production points it at Redis so every web worker
-# shares it (an in-process cache would allow one forecast per worker per interval).
-CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+def cache_config(url: str) -> dict[str, Any]:
+    """The cache of a CACHE_URL. A Redis one degrades: while Redis is down, calls are served
+    from a cache local to each process, logged once, instead of raising (the login page
+    answered 500): config/cache.py. Timeouts bound what an unreachable host costs (an
+    unanswered connect would otherwise wait for the kernel's)."""
+    config: dict[str, Any] = environ.Env.cache_url_config(url)
+    if config["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+        config["BACKEND"] = "config.cache.DegradingRedisCache"
+        options = config.setdefault("OPTIONS", {})
+        options.setdefault("socket_connect_timeout", 2.0)
+        options.setdefault("socket_timeout", 2.0)
+    return config
+
+
+# The forecast debounce marker and the login throttle's counts live here; production points it
+# at Redis so every web worker shares them (an in-process cache would allow one forecast per
+# worker per interval, and count failed logins per worker).
+CACHES = {"default": cache_config(env.str("CACHE_URL", default="locmemcache://"))}
 
 # Retention (docs/deployment.md#retention; applied hourly by the `retention` beat entries).
 # Every forecast of the last RUNCAST_FORECAST_FULL_DAYS is kept (slip reads 3 days, the board
