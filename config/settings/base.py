@@ -188,6 +188,18 @@ STORAGES = {
 }
 
 # --- Celery: the app, queues and every periodic schedule live in config/celery.py.
+# Redis hands a message that a worker took but has not acknowledged (acks_late: its task runs,
+# or waits out its countdown) to another worker after this many seconds. kombu's default is an
+# hour: that long a killed worker's task waited to run again (issue 24). It must outlast the
+# longest countdown plus the longest hard time limit (send_digests' 330 s; config/celery.py has
+# the global one), or a task still waiting or running is handed out twice; the margin covers a
+# message that waits in the worker for a free process. tests/config/test_celery_limits.py holds
+# it to the tasks' limits.
+RUNCAST_BROKER_VISIBILITY_TIMEOUT_S = 600
+# The longest a task is sent ahead of time (a countdown): the forecast debounce (15 s), a run
+# end's alert (20 s), a delivery retry due that soon. A retry due later is not queued: the alerts
+# sweep enqueues due notifications every minute.
+RUNCAST_MAX_COUNTDOWN_S = 60
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -207,6 +219,7 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # kombu's Redis transport with a channel that closes cleanly on a dead server: with the
     # stock one a kill of Redis made the worker exit instead of reconnecting (config/broker.py).
     CELERY_BROKER_TRANSPORT = "config.broker:RedisTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUNCAST_BROKER_VISIBILITY_TIMEOUT_S}
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
