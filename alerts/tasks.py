@@ -5,6 +5,7 @@ Enqueueing lives here and in receivers, never in services (they know no Celery).
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 from django.core.cache import cache
 
 from alerts import services
@@ -28,9 +29,11 @@ def dispatch_run_end(run_id: int) -> None:
 @shared_task(soft_time_limit=45, time_limit=60)
 def deliver_notification(notification_id: int) -> None:
     retry_in = services.notification_deliver(notification_id=notification_id)
-    if retry_in is not None:
-        # The row holds next_attempt_at: an early or duplicate copy of this message no-ops, and
-        # the sweeper re-enqueues it if this one is lost.
+    # The row holds next_attempt_at: an early or duplicate copy of this message no-ops, and the
+    # sweeper enqueues it when due if no message is queued. A later retry (the backoff reaches an
+    # hour) is left to the sweep: a message held past the broker's visibility timeout would be
+    # handed out again meanwhile (config/settings/base.py).
+    if retry_in is not None and retry_in <= settings.RUNCAST_MAX_COUNTDOWN_S:
         deliver_notification.apply_async(args=[notification_id], countdown=retry_in)
 
 

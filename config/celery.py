@@ -35,7 +35,11 @@ app.conf.update(
     task_ignore_result=True,
     task_soft_time_limit=60,
     task_time_limit=90,
+    # Reconnect to the broker for as long as it is down: Celery's default gives up after 100
+    # attempts (about 46 minutes of backoff), and the worker exits for good.
+    broker_connection_retry=True,
     broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
     timezone="UTC",
 )
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+from django.db import transaction
 from django.utils import timezone
 
 from forecasting import episodes, hysteresis, selectors
@@ -59,10 +60,18 @@ def _take(series: Series, idx: np.ndarray) -> Series:
     return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
 
 
+@transaction.atomic
 def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     """Recompute every forecast of one run and record flag changes. Idempotent.
 
     An ended run is final: its open flags close with the reason and nothing more is forecast.
+
+    One transaction: a computation's rows (its forecasts, its reading, its flags) are stored
+    together or not at all; a worker killed half-way left a computation's ETA row without the
+    rest (issue 24), and its redelivered task now computes it whole. The transaction lasts the
+    computation (~0.1 s for 100k points, ~1 s for a million): on PostgreSQL it holds only this
+    run's new rows until then (flags_sync takes the run's row lock last, as before); on SQLite
+    (embedded) it holds the write lock, so ingest may wait that long.
     """
     run = Run.objects.select_related("project", "deadline").filter(pk=run_id).first()
     if run is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -187,6 +188,18 @@ STORAGES = {
 }
 
 # --- Celery: the app, queues and every periodic schedule live in config/celery.py.
+# Redis hands a message that a worker took but has not acknowledged (acks_late: its task runs,
+# or waits out its countdown) to another worker after this many seconds. kombu's default is an
+# hour: that long a killed worker's task waited to run again (issue 24). It must outlast the
+# longest countdown plus the longest hard time limit (send_digests' 330 s; config/celery.py has
+# the global one), or a task still waiting or running is handed out twice; the margin covers a
+# message that waits in the worker for a free process. tests/config/test_celery_limits.py holds
+# it to the tasks' limits.
+RUNCAST_BROKER_VISIBILITY_TIMEOUT_S = 600
+# The longest a task is sent ahead of time (a countdown): the forecast debounce (15 s), a run
+# end's alert (20 s), a delivery retry due that soon. A retry due later is not queued: the alerts
+# sweep enqueues due notifications every minute.
+RUNCAST_MAX_COUNTDOWN_S = 60
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -202,6 +215,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu's Redis transport with a channel that closes cleanly on a dead server: with the
+    # stock one a kill of Redis made the worker exit instead of reconnecting (config/broker.py).
+    CELERY_BROKER_TRANSPORT = "config.broker:RedisTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUNCAST_BROKER_VISIBILITY_TIMEOUT_S}
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
@@ -274,9 +292,26 @@ RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)
 # crashed" at night costs more than an hour's wait to hear of a job that died that young.
 RUNCAST_STALL_UNKNOWN_CADENCE_S = env.float("RUNCAST_STALL_UNKNOWN_CADENCE_S", default=3600.0)
 
-# The forecast debounce marker lives here; production points it at Redis so every web worker
-# shares it (an in-process cache would allow one forecast per worker per interval).
-CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+
+def cache_config(url: str) -> dict[str, Any]:
+    """The cache of a CACHE_URL. A Redis one degrades: while Redis is down, calls are served
+    from a cache local to each process, logged once, instead of raising (the login page
+    answered 500): config/cache.py. Timeouts bound what an unreachable host costs (an
+    unanswered connect would otherwise wait for the kernel's)."""
+    config: dict[str, Any] = environ.Env.cache_url_config(url)
+    if config["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+        config["BACKEND"] = "config.cache.DegradingRedisCache"
+        options = config.setdefault("OPTIONS", {})
+        options.setdefault("socket_connect_timeout", 2.0)
+        options.setdefault("socket_timeout", 2.0)
+    return config
+
+
+# The forecast debounce marker and the login throttle's counts live here; production points it
+# at Redis so every web worker shares them (an in-process cache would allow one forecast per
+# worker per interval, and count failed logins per worker).
+CACHES = {"default": cache_config(env.str("CACHE_URL", default="locmemcache://"))}
 
 # Retention (docs/deployment.md#retention; applied hourly by the `retention` beat entries).
 # Every forecast of the last RUNCAST_FORECAST_FULL_DAYS is kept (slip reads 3 days, the board

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery.signals import after_task_publish
 from django.utils import timezone
 
 from alerts import services, tasks
@@ -76,6 +77,34 @@ def test_it_backs_off_exponentially_and_gives_up(
     assert n.reason.startswith("gave up after 3 tries")
     webhook.refresh_from_db()
     assert webhook.enabled  # a busy server is not a broken channel
+
+
+def test_a_retry_due_later_than_the_longest_countdown_is_left_to_the_sweep(
+    run: Run, webhook: Channel, sink: HttpSink
+) -> None:
+    """A message held for its countdown past the broker's visibility timeout would be handed
+    out again meanwhile (issue 24 item 7): a retry due in 2 minutes is not queued, and the
+    sweep enqueues it once due."""
+    sink.script("/hook", (503, "busy"), (503, "busy"))
+    n = notification_for(run, webhook)
+    queued: list[tuple[str, Any]] = []
+
+    def note(sender: str | None = None, headers: Any = None, **kwargs: Any) -> None:
+        queued.append((str(sender), (headers or {}).get("eta")))
+
+    after_task_publish.connect(note, weak=False)
+    try:
+        tasks.deliver_notification(n.pk)  # fails: the retry in 30 s is queued
+        assert [name for name, eta in queued if eta] == ["alerts.tasks.deliver_notification"]
+        queued.clear()
+        Notification.objects.filter(pk=n.pk).update(next_attempt_at=timezone.now())
+        tasks.deliver_notification(n.pk)  # fails again: the next try is 120 s away
+        assert queued == []
+    finally:
+        after_task_publish.disconnect(note)
+    n.refresh_from_db()
+    assert (n.status, n.tries) == (S.PENDING, 2)
+    assert services.notifications_due(now=n.next_attempt_at) == [n.pk]
 
 
 def test_it_retries_a_timeout(run: Run, slack: Channel, sink: HttpSink, settings: Any) -> None:

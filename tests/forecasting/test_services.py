@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from forecasting import compute, conditions, flags, liveness, selectors
 from forecasting.estimators import thresholds as th
-from forecasting.models import Flag, Forecast
+from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Deadline, Run, RunSegment
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_start
 
@@ -440,3 +440,40 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
     late, odds = conditions(eta(9000.0, early=True))
     assert odds < 0.5 and [c.kind for c in late] == ["deadline"]
     assert "will likely miss blind eval" in late[0].explanation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_computation_that_dies_after_its_first_row_leaves_none_of_its_rows(project, monkeypatch):
+    """A worker killed mid-computation left only its ETA row (issue 24 item 7): a computation's
+    rows are stored together or not at all, and its rerun stores them whole."""
+    run = make_run(project)
+    steps = np.arange(4000)
+    send(run, steps, healthy_loss(steps), seq=1)
+    compute.forecast_compute(run_id=run.pk, now=at(4000))
+    more = np.arange(4000, 4100)
+    send(run, more, healthy_loss(more), seq=2)
+    rows = (Forecast.objects.count(), ConditionReading.objects.count(), Flag.objects.count())
+    real_forecast_loss = compute.forecast_loss
+    stored_before_the_kill = []
+
+    def killed(*args, **kwargs):
+        # The loss estimator runs after the computation stored its ETA.
+        stored_before_the_kill.extend(
+            Forecast.objects.filter(run=run, input_last_step=4099).values_list("kind", flat=True)
+        )
+        raise RuntimeError("the worker was killed")
+
+    monkeypatch.setattr(compute, "forecast_loss", killed)
+    with pytest.raises(RuntimeError, match="the worker was killed"):
+        compute.forecast_compute(run_id=run.pk, now=at(4100))
+    assert stored_before_the_kill == ["eta"]
+    assert (
+        Forecast.objects.count(),
+        ConditionReading.objects.count(),
+        Flag.objects.count(),
+    ) == rows
+
+    monkeypatch.setattr(compute, "forecast_loss", real_forecast_loss)
+    compute.forecast_compute(run_id=run.pk, now=at(4100))
+    kinds = Forecast.objects.filter(run=run, input_last_step=4099).values_list("kind", flat=True)
+    assert sorted(kinds) == ["eta", "loss"]

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import pytest
+from celery.signals import after_task_publish
 from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
 from config.celery import QUEUE_FORECASTING, app
+from config.settings.base import cache_config
 from forecasting import tasks
 from forecasting.models import Flag, Forecast
 from tests import broker
+from tests.redis_server import free_port
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 
@@ -128,3 +132,36 @@ def test_a_real_worker_takes_the_task_from_the_broker(project, real_worker):
         assert time.monotonic() < deadline, f"no worker ran it via {settings.CELERY_BROKER_URL}"
         time.sleep(0.1)
     assert Forecast.objects.filter(run=run, kind="eta").exists()
+
+
+@pytest.mark.django_db
+def test_ingest_enqueues_one_forecast_per_interval_while_the_cache_is_down(
+    api, write_token, settings, caplog, django_capture_on_commit_callbacks
+):
+    """The debounce marker's cache is Redis in production; while it is down, each process
+    debounces on its own (config/cache.py) instead of every batch's enqueue failing."""
+    settings.CACHES = {"default": cache_config(f"redis://127.0.0.1:{free_port()}/1")}
+    sent = []
+
+    def note(sender=None, **kwargs):
+        sent.append(sender)
+
+    body = {"id": "r1", "session": "s", "name": "pretrain", "total_steps": 1000}
+    assert api("POST", "/runs", write_token, body).status_code == 201
+    after_task_publish.connect(note, weak=False)
+    try:
+        with caplog.at_level(logging.WARNING), django_capture_on_commit_callbacks(execute=True):
+            for seq in (1, 2, 3):
+                steps = list(range(seq * 10, seq * 10 + 10))
+                loss = {"steps": steps, "values": [1.0] * 10, "times": [1.7e9 + s for s in steps]}
+                res = api(
+                    "POST",
+                    "/runs/r1/batches",
+                    write_token,
+                    {"session": "s", "seq": seq, "metrics": {"loss": loss}},
+                )
+                assert res.status_code == 200, res.content
+    finally:
+        after_task_publish.disconnect(note)
+    assert sent == ["forecasting.tasks.forecast_run"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.test import Client
+
+from config.settings.base import cache_config
+from tests.redis_server import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -88,3 +92,35 @@ def test_the_admin_login_is_throttled_too(owner: User) -> None:
     )
     assert response.status_code == 200  # the form again: the right password was not accepted
     assert "_auth_user_id" not in client.session
+
+
+# --- While the cache's Redis is down (issue 24 item 2: the login page answered 500) ----------
+
+
+@pytest.fixture
+def dead_cache(settings: Any) -> None:
+    """The cache as production configures a Redis CACHE_URL, pointed at a port nothing listens
+    on: Redis is down."""
+    settings.CACHES = {"default": cache_config(f"redis://127.0.0.1:{free_port()}/1")}
+
+
+def test_login_works_while_the_cache_is_down(
+    client: Client, owner: User, dead_cache: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="config.cache"):
+        assert login(client, "owner", "wrong").status_code == 200
+        assert login(client, "owner", "pw-owner-123").status_code == 302
+    assert client.session["_auth_user_id"] == str(owner.pk)
+    # Said once for the outage, not once per request.
+    outage = [r for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(outage) == 1
+
+
+def test_the_throttle_counts_locally_while_the_cache_is_down(
+    client: Client, owner: User, dead_cache: None
+) -> None:
+    for _ in range(LIMIT - 1):
+        assert login(client, "owner", "wrong").status_code == 200
+    assert login(client, "owner", "wrong").status_code == 429
+    assert login(client, "owner", "pw-owner-123").status_code == 429
+    assert login(client, "owner", "pw-owner-123", address="10.0.0.2").status_code == 302
