@@ -293,7 +293,6 @@ RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)
 RUNCAST_STALL_UNKNOWN_CADENCE_S = env.float("RUNCAST_STALL_UNKNOWN_CADENCE_S", default=3600.0)
 
 
-
 def cache_config(url: str) -> dict[str, Any]:
     """The cache of a CACHE_URL. A Redis one degrades: while Redis is down, calls are served
     from a cache local to each process, logged once, instead of raising (the login page
