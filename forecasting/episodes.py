@@ -249,10 +249,7 @@ def with_episodes(
         if ref is None or j is None:
             out.append(cond)  # too little history before the onset to judge against
             continue
-        if j.state == "recovered" and (open_flags or _said(run, ref, cond.onset_step)):
-            # The episode is over: the detectors keep a spike "back to normal" in view for
-            # 200 points, and the flag they raised stayed open with the loss long back (or,
-            # once closed, came back as new).
+        if _no_episode(run, ref, j, bool(open_flags), cond.onset_step):
             continue
         # One flag per episode: the open one, whichever kind the detectors see now.
         kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
@@ -268,6 +265,22 @@ def with_episodes(
             cond = Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
             out.append(episode(cond, ref, j, _said_blowups(open_flags)))
     return _one_per_kind(out), endings
+
+
+def _no_episode(
+    run: Run, ref: ep.Reference, j: ep.Judgement, flag_open: bool, found_at: float
+) -> bool:
+    """Whether a finding is no episode to report."""
+    if not j.left and not flag_open:
+        # The detectors see a change the episode's own measure does not: the loss never left
+        # the band of the run before the onset. No episode yet ("blew up at step 10,550 and is
+        # back near its level since step 10,550" was raised, then resolved as lasting 0 s); a
+        # finding that grows out of the band is raised then.
+        return True
+    # The episode is over: the detectors keep a spike "back to normal" in view for 200 points,
+    # and the flag they raised stayed open with the loss long back (or, once closed, came back
+    # as new).
+    return j.state == "recovered" and (flag_open or _said(run, ref, found_at))
 
 
 def _said_blowups(open_flags: dict[str, Flag]) -> list[float]:

@@ -64,6 +64,9 @@ class Judgement:
     level_value: float  # the recent level as a loss
     since_step: float | None  # recovering/recovered: back inside the band since this step
     points_since_onset: int
+    # Whether the loss has stood outside the band (or swung) since the onset: a finding whose
+    # loss never left it is no episode yet.
+    left: bool = True
 
 
 def _clean(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +153,8 @@ def judge(steps: np.ndarray, values: np.ndarray, ref: Reference) -> Judgement | 
         return Judgement(state, ratio, float(math.exp(level)), None, int(s.size))
     held = s.size - first_in
     state = "recovered" if held >= th.EPISODE_RECOVER_POINTS else "recovering"
-    return Judgement(state, ratio, float(math.exp(level)), float(s[first_in]), int(s.size))
+    since = float(s[first_in])
+    return Judgement(state, ratio, float(math.exp(level)), since, int(s.size), outside.size > 0)
 
 
 def calm_before(steps: np.ndarray, values: np.ndarray, step: float, ref: Reference) -> bool:
@@ -158,14 +162,19 @@ def calm_before(steps: np.ndarray, values: np.ndarray, step: float, ref: Referen
     blow-up from a settled loss is a new one; a spike alarm amid swings is the oscillation the
     episode already is."""
     s, y = _clean(steps, values)
-    before = y[s < step][-th.EPISODE_RECOVER_POINTS :]
-    return before.size >= th.EPISODE_RECENT_POINTS and not _swinging(before, ref)
+    # Over the reference's window, not the recovery's: twenty points of a slow oscillation's
+    # rising side are a line, and each of its peaks read as a new blow-up (23 messages on one
+    # Nemotron replay).
+    before = y[s < step][-th.EPISODE_REFERENCE_POINTS :]
+    return before.size >= th.EPISODE_RECENT_POINTS and not _swinging(
+        before, ref, th.EPISODE_REFERENCE_POINTS
+    )
 
 
-def _swinging(back: np.ndarray, ref: Reference) -> bool:
-    """Whether the points since the level came back scatter wider than the reference's noise
-    allows: an oscillation swings about the old level, its median back and its swings not."""
-    tail = back[-th.EPISODE_RECOVER_POINTS :]
+def _swinging(back: np.ndarray, ref: Reference, window: int = th.EPISODE_RECOVER_POINTS) -> bool:
+    """Whether the last `window` points scatter wider than the reference's noise allows: an
+    oscillation swings about the old level, its median back and its swings not."""
+    tail = back[-window:]
     if tail.size < th.EPISODE_RECENT_POINTS:
         return False
     # About its own line: a loss still falling fast (a warm-down, the steep start of a run)

@@ -248,6 +248,19 @@ def test_an_oscillation_about_the_old_level_is_not_a_recovery():
     assert not ep.calm_before(steps, loss, 2900.0, ref)
     settled = blown_up(steps)
     assert ep.calm_before(steps, settled, 2900.0, ref)
+    # A slow swing (a period of 50 points): twenty points of its rising side are a line; the
+    # reference's fifty are a swing.
+    slow = np.where(after, 0.37 * np.exp(0.3 * np.sin(2 * np.pi * steps / 50)), loss)
+    assert not ep.calm_before(steps, slow, 2912.0, ref)
+
+
+def test_a_finding_whose_loss_never_left_the_band_is_no_episode_yet():
+    steps = np.arange(3000)
+    loss = blown_up(steps, recover=True)
+    ref = ep.reference_before(steps, loss, ONSET - 300)  # before the blow-up: it left
+    assert ref is not None and ep.judge(steps, loss, ref).left  # type: ignore[union-attr]
+    calm = ep.judge(steps[: ONSET - 100], loss[: ONSET - 100], ref)
+    assert calm is not None and not calm.left and calm.state == "recovered"
 
 
 # --- "back at its level of ...": the training a blow-up undid (issue 22, item 3)
