@@ -276,14 +276,21 @@ def run_end_dispatch(*, run_id: int) -> list[Notification]:
     if run is None or not run.has_ended:
         return []
     kind = "finished" if run.status == Run.Status.FINISHED else "failed"
+    # The segment makes a resumed-then-finished-again run a new ending, and a repeated finish
+    # call of the same attempt the same one.
+    key = f"run:{run.pk}:{run.status}:{run.current_segment}"
+    if Notification.objects.filter(event_key=key).exists():
+        # Dispatched already (its rows are made in one transaction): the sweep looks again at
+        # every ending of the last hour in case its task was lost, and gave the channels added
+        # since (a webhook, an email channel made after the run ended) notes of endings that
+        # happened before they existed. A channel carries what happens from its creation on.
+        return []
     event = Event(
         run=run,
         rule_kind=BY_KEY[kind],
         kind=kind,
         event="ended",
-        # The segment makes a resumed-then-finished-again run a new ending, and a repeated
-        # finish call of the same attempt the same one.
-        event_key=f"run:{run.pk}:{run.status}:{run.current_segment}",
+        event_key=key,
         at=run.ended_at or run.last_seen_at,
     )
     with transaction.atomic():

@@ -646,3 +646,58 @@ def test_the_end_of_run_message_says_what_the_unrecovered_episode_undid(
         " 5.8 h of training undone (≈ $1,240)"
     )
     assert "Training undone: 5.8 h" in text.splitlines()
+
+
+@pytest.mark.eager
+def test_a_channel_added_after_a_run_ended_does_not_announce_that_end(
+    project: Project,
+    run: Run,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A run that ended before any channel existed got its "finished" note when an email
+    channel was added, and a webhook added later got three old notes: the sweep, which looks
+    again at every run ended in the last hour in case its dispatch was lost, dispatched those
+    endings to the channels that were new since. A channel carries events from its creation on."""
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=timezone.now())
+    assert Notification.objects.get(kind="finished").reason == services.NO_CHANNEL
+
+    services.channel_create(
+        project=project, kind=Channel.Kind.EMAIL, name="leads", target="lead@example.com"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+    assert mailbox.messages == []
+
+    # Three runs end while the email channel exists; a webhook is added; the sweep comes by.
+    ended = []
+    for i in range(3):
+        other = Run.objects.create(project=project, public_id=f"r{i}", last_step=100)
+        with django_capture_on_commit_callbacks(execute=True):
+            run_finish(run=other, status=Run.Status.FINISHED, ended_at=timezone.now())
+        ended.append(other)
+    assert len(mailbox.messages) == 3
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+    assert sink.to("/hook") == []
+    assert len(mailbox.messages) == 3
+
+    # What ends from now on goes to both.
+    later = Run.objects.create(project=project, public_id="later", last_step=100)
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=later, status=Run.Status.FINISHED, ended_at=timezone.now())
+    assert len(sink.to("/hook")) == 1 and len(mailbox.messages) == 4
+
+
+def test_the_sweep_still_dispatches_an_ending_whose_task_was_lost(
+    project: Project, run: Run, channels: Any
+) -> None:
+    # The guard above must not stop what the sweep is for: an ending nobody dispatched yet.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, ended_at=timezone.now())
+    services.alerts_sweep()
+    assert Notification.objects.filter(run=run).count() == 2
