@@ -22,6 +22,8 @@ from forecasting.selectors import episode_at_end
 from tracker.links import run_url
 from tracker.models import Run
 
+# How a run ends, as a notification's kind (its event is "ended").
+RUN_ENDINGS = ("finished", "failed", "crashed")
 SEVERITY_MARK = {"info": "\u2139\ufe0f", "warning": "\u26a0\ufe0f", "critical": "\U0001f6a8"}
 
 
@@ -248,7 +250,7 @@ def context_for(
         ctx["d"] = _stalled_context(run, data)
     elif kind == "straggler":
         ctx["d"] = _straggler_context(run, data)
-    elif kind in ("finished", "failed"):
+    elif kind in RUN_ENDINGS:
         ctx["d"] = _end_context(run)
     else:
         ctx["d"] = {}

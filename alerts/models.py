@@ -100,7 +100,8 @@ class Notification(models.Model):
     # "flag:<id>" or "run:<id>:<status>:<ended_at>": one delivery per event per channel.
     event_key = models.CharField(max_length=128)
     rule_kind = models.CharField(max_length=32)
-    # The flag kind ("nan", "rise", ...) or the run ending ("finished", "failed").
+    # The flag kind ("nan", "rise", ...) or how the run ended ("finished", "failed", "crashed";
+    # rows made before crashes had their own kind say "failed" for both).
     kind = models.CharField(max_length=32)
     # raised / updated / resolved for flags; "ended" for run endings.
     event = models.CharField(max_length=16)

@@ -275,7 +275,10 @@ def run_end_dispatch(*, run_id: int) -> list[Notification]:
     # A crash the sweeper only inferred arrives as a "stalled" flag instead: not announced twice.
     if run is None or not run.has_ended:
         return []
-    kind = "finished" if run.status == Run.Status.FINISHED else "failed"
+    # The kind says what happened (finished, failed, crashed); a failure and a crash answer to
+    # one rule. A crash went out as "failed ended" (webhook event `failed.ended`).
+    kind = str(run.status)
+    rule_kind = BY_KEY["finished"] if run.status == Run.Status.FINISHED else BY_KEY["failed"]
     # The segment makes a resumed-then-finished-again run a new ending, and a repeated finish
     # call of the same attempt the same one.
     key = f"run:{run.pk}:{run.status}:{run.current_segment}"
@@ -287,7 +290,7 @@ def run_end_dispatch(*, run_id: int) -> list[Notification]:
         return []
     event = Event(
         run=run,
-        rule_kind=BY_KEY[kind],
+        rule_kind=rule_kind,
         kind=kind,
         event="ended",
         event_key=key,

@@ -701,3 +701,35 @@ def test_the_sweep_still_dispatches_an_ending_whose_task_was_lost(
     Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, ended_at=timezone.now())
     services.alerts_sweep()
     assert Notification.objects.filter(run=run).count() == 2
+
+
+@pytest.mark.eager
+def test_a_reported_crash_is_announced_as_a_crash_not_a_failed_ending(
+    project: Project,
+    run: Run,
+    sink: HttpSink,
+    mailbox: Mailbox,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # A crash came as "failed ended" in the history and as webhook event `failed.ended`.
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.CRASHED, ended_at=timezone.now())
+
+    (request,) = sink.to("/hook")
+    assert request.headers["x-runcast-event"] == "crashed.ended"
+    body = request.json()
+    # What happened is the kind; the rule that sent it is still the one for failures and crashes.
+    assert (body["kind"], body["event"], body["rule"]) == ("crashed", "ended", "failed")
+    assert body["severity"] == "critical"
+    assert body["headline"].startswith("pretrain-3.0 crashed at step 812,400")
+
+    # A failure and a finish keep the names the docs promised.
+    for public_id, status in (("f", Run.Status.FAILED), ("ok", Run.Status.FINISHED)):
+        other = Run.objects.create(project=project, public_id=public_id, last_step=10)
+        with django_capture_on_commit_callbacks(execute=True):
+            run_finish(run=other, status=status, ended_at=timezone.now())
+    events = [r.headers["x-runcast-event"] for r in sink.to("/hook")]
+    assert events == ["crashed.ended", "failed.ended", "finished.ended"]

@@ -407,3 +407,18 @@ def test_a_run_end_row_keeps_saying_how_that_attempt_ended_after_a_resume(
     page = client.get("/projects/llm/alerts/").content.decode()
     assert f"{run} crashed" in page
     assert "running at step" not in page and "11,445" not in page
+
+
+def test_the_history_names_a_crash_a_crash(client: Client, viewer: User, run: Run) -> None:
+    # The history's "What" read "failed ended" for a run the client reported crashed.
+    from django.utils import timezone
+
+    run.status, run.ended_at = Run.Status.CRASHED, timezone.now()
+    run.save(update_fields=["status", "ended_at"])
+    services.run_end_dispatch(run_id=run.id)
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/").content.decode()
+    row = next(r for r in page.split("<tr") if "pretrain-3.0 crashed" in r)
+    what = row.split("<td>")[3]
+    assert what.startswith("run crashed "), what
+    assert "failed ended" not in page
