@@ -11,16 +11,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.db.models import Max
 from django.template.loader import render_to_string
 
 from alerts.kinds import BY_KEY
 from alerts.models import Notification
+from forecasting import board
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import episode_at_end
 from tracker.links import run_url
-from tracker.models import Run
+from tracker.models import Event, LatestMetric, Run
 
 # How a run ends, as a notification's kind (its event is "ended").
 RUN_ENDINGS = ("finished", "failed", "crashed")
@@ -177,14 +179,104 @@ def _slip_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _stalled_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+def _stalled_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str, Any]:
     silent = _num(data, "silent_s")
     usual = _num(data, "usual_interval_s")
+    crashed = data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED
+    checkpoint = _last_checkpoint(run)
     return {
-        "crashed": data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED,
+        "crashed": crashed,
         "silent": fmt.span(silent) if silent is not None else None,
         "usual": fmt.span(usual) if usual is not None else None,
+        **_progress_context(run, checkpoint, at, before="this alert"),
+        **_cutoff_context(run, at),
+        # Alive but stuck is a hang to look at, not a job to restart.
+        "resume": _resume(run, checkpoint) if crashed else None,
     }
+
+
+# --- where a run got to, against its cutoff, and how to pick it up again ----------------------
+# What every end-of-run, crash and stall message says (issue 23): "looks crashed: no heartbeat
+# for 1 min" alone left the lead to find the last step, the checkpoint and the way back.
+
+CHECKPOINT_PATH_MAX = 200
+
+
+def _last_checkpoint(run: Run) -> Event | None:
+    """The checkpoint a restart would load: the latest logged at or below the run's last step
+    (one an abandoned attempt saved beyond where the run now stands is not its progress)."""
+    rows = Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
+    if run.last_step is not None:
+        rows = rows.filter(step__lte=run.last_step)
+    return rows.order_by("-time", "-id").first()
+
+
+def _last_step_time(run: Run) -> float | None:
+    """When the run's last step was logged (its point's own time), in epoch seconds."""
+    if run.last_step is None:
+        return None
+    ms = LatestMetric.objects.filter(run=run, step=run.last_step).aggregate(t=Max("timestamp_ms"))
+    return ms["t"] / 1000.0 if ms["t"] is not None else None
+
+
+def _before(at: datetime, epoch_s: float | None) -> str | None:
+    # Never negative: a trainer's clock a little ahead of the server's is not "in the future".
+    return None if epoch_s is None else fmt.span(max(0.0, at.timestamp() - epoch_s))
+
+
+def _progress_context(
+    run: Run, checkpoint: Event | None, at: datetime, *, before: str
+) -> dict[str, Any]:
+    """The last step and the last checkpoint, each with how long before `at` (the message's
+    time: a frozen message says "before this alert", never "ago", which changes as it is read)."""
+    path = checkpoint.payload.get("path") if checkpoint is not None else None
+    return {
+        "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
+        "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
+        "last_step_before": _before(at, _last_step_time(run)),
+        "checkpoint": fmt.steps(checkpoint.step) if checkpoint is not None else None,
+        "checkpoint_before": _before(at, checkpoint.time.timestamp()) if checkpoint else None,
+        "checkpoint_path": str(path)[:CHECKPOINT_PATH_MAX] if path else None,
+        "no_checkpoint": checkpoint is None,
+        "before_what": before,
+    }
+
+
+def _cutoff_context(run: Run, at: datetime) -> dict[str, Any]:
+    """The run against its cutoff: a finished run's outcome as the board says it (one rule,
+    forecasting.board.end_outcome), otherwise how far from its train-by it stopped."""
+    deadline = run.deadline
+    if deadline is None:
+        return {}
+    dtz = ZoneInfo(deadline.timezone)
+    outcome = board.end_outcome(run)
+    margin = board.margin_before_train_by(run, at_s=at.timestamp())
+    if outcome is None and margin is not None:
+        line = "train-by" if deadline.buffer else "cutoff"
+        side = "before" if margin >= 0 else "past"
+        outcome = f"not finished, {fmt.span(margin)} {side} its {line}"
+    return {
+        "cut": {
+            "deadline": deadline.name,
+            "cutoff": fmt.when(deadline.cutoff.timestamp(), dtz),
+            "train_by": fmt.when(deadline.train_by.timestamp(), dtz) if deadline.buffer else None,
+            "outcome": outcome,
+        }
+    }
+
+
+def _resume(run: Run, checkpoint: Event | None) -> str:
+    """How to pick the run up again: the client resumes a run given its id (client/README.md,
+    "Resuming a restarted job"), from the checkpoint the job itself loads."""
+    how = f'runcast.init(id="{run.public_id}", ...) or RUNCAST_RUN_ID={run.public_id}'
+    if checkpoint is None:
+        return f"no checkpoint was logged; restarting with {how} continues the same run"
+    path = checkpoint.payload.get("path")
+    where = f" ({str(path)[:CHECKPOINT_PATH_MAX]})" if path else ""
+    return (
+        f"load the checkpoint at step {fmt.steps(checkpoint.step)}{where} and restart with "
+        f"{how}: the same run continues as a new attempt"
+    )
 
 
 def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
@@ -209,13 +301,16 @@ def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _end_context(run: Run) -> dict[str, Any]:
+def _end_context(run: Run, at: datetime) -> dict[str, Any]:
     duration = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
+    checkpoint = _last_checkpoint(run)
+    ended_badly = run.status in (Run.Status.FAILED, Run.Status.CRASHED)
     return {
         "status": run.status,
-        "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
-        "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
+        **_progress_context(run, checkpoint, at, before=f"it {run.status}"),
         "duration": fmt.span(duration) if duration is not None else None,
+        **_cutoff_context(run, at),
+        "resume": _resume(run, checkpoint) if ended_badly else None,
         **_end_episode(run),
     }
 
@@ -247,11 +342,11 @@ def context_for(
     elif kind == "slip":
         ctx["d"] = _slip_context(run, data)
     elif kind == "stalled":
-        ctx["d"] = _stalled_context(run, data)
+        ctx["d"] = _stalled_context(run, data, at)
     elif kind == "straggler":
         ctx["d"] = _straggler_context(run, data)
     elif kind in RUN_ENDINGS:
-        ctx["d"] = _end_context(run)
+        ctx["d"] = _end_context(run, at)
     else:
         ctx["d"] = {}
     return ctx
