@@ -427,7 +427,7 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
         if not same_kind.exists():
             return None
         if event.data.get("closed_by_run_end"):
-            return S.SUPPRESSED, "closed by the run's end: the run-end message says so"
+            return S.SUPPRESSED, _closed_by_end_note(run=event.run, channel=channel)
         last = same_kind.filter(status__in=ACTIVE).order_by("-created_at", "-id").first()
         if last is None or last.event not in RAISES:
             # With no channel nothing was delivered for the plain reason that there is none;
@@ -442,6 +442,22 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             return S.SUPPRESSED, "raised and resolved before either went out: nothing to say"
         return S.PENDING, ""
     return S.PENDING, ""
+
+
+CLOSED_BY_END = "closed by the run's end: the run-end message says so"
+
+
+def _closed_by_end_note(*, run: Run, channel: Channel | None) -> str:
+    """Why a flag the run's end closed says nothing more: the run-end message (which gives the
+    outcome against the cutoff, where the run got to and how to resume) says it, on the
+    channels the rule for that ending sends to; elsewhere the note must not claim it."""
+    if channel is None:
+        return NO_CHANNEL
+    key = "finished" if run.status == Run.Status.FINISHED else "failed"
+    rule = Rule.objects.filter(project_id=run.project_id, kind=key).first()
+    if rule is not None and not rule.muted and channel in _channels_for(rule):
+        return CLOSED_BY_END
+    return "closed by the run's end; the rule for run endings does not send to this channel"
 
 
 def _said_this_episode(

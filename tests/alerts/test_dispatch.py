@@ -733,3 +733,31 @@ def test_a_reported_crash_is_announced_as_a_crash_not_a_failed_ending(
             run_finish(run=other, status=status, ended_at=timezone.now())
     events = [r.headers["x-runcast-event"] for r in sink.to("/hook")]
     assert events == ["crashed.ended", "failed.ended", "finished.ended"]
+
+
+def test_a_flag_closed_by_the_run_end_says_so_only_where_the_end_is_announced(
+    run: Run, channels: Any
+) -> None:
+    # "closed by the run's end: the run-end message says so" was the note whatever the rule for
+    # the ending: with that rule muted (or sending elsewhere) no message said how the run ended.
+    email, slack = channels
+    flag_raise(run, "nan", created_at=timezone.now() - timedelta(minutes=5))
+    services.flags_dispatch()
+    Notification.objects.update(status=S.SENT, tries=1)
+    services.rule_update(
+        project=run.project,
+        kind="failed",
+        severity="critical",
+        threshold=None,
+        channels=[email],
+        muted=False,
+        cooldown=timedelta(hours=1),
+    )
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, ended_at=timezone.now())
+    flag_raise(run, "nan", state="resolved", data={"closed_by_run_end": True, "reason": "x"})
+    services.flags_dispatch()
+    notes = {n.channel: n.reason for n in Notification.objects.filter(event="resolved")}
+    assert notes[email] == "closed by the run's end: the run-end message says so"
+    assert notes[slack] == (
+        "closed by the run's end; the rule for run endings does not send to this channel"
+    )
