@@ -6,7 +6,7 @@ estimators that changed), so every read is defensive and a missing number drops 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -41,6 +41,19 @@ class Message:
     url: str
     severity: str
     payload: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """What a Notification keeps (its `rendered`): every try sends this, the history shows
+        it."""
+        return {**asdict(self), "facts": [list(f) for f in self.facts]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Message:
+        return cls(**{**data, "facts": [(str(a), str(b)) for a, b in data.get("facts", [])]})
+
+    def for_notification(self, public_id: object) -> Message:
+        """This event's message as one delivery of it: its body carries the delivery's id."""
+        return replace(self, payload={"id": str(public_id), **self.payload})
 
 
 def _num(data: dict[str, Any], key: str) -> float | None:
@@ -378,9 +391,20 @@ def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
     )
 
 
+def history_text(notification: Notification) -> str:
+    """What the history shows of a notification: the message as it was sent (or would have
+    been), its explanation or else its headline."""
+    n = notification
+    if n.rendered:
+        payload = n.rendered.get("payload") or {}
+        return str(payload.get("explanation") or n.rendered.get("headline") or "")
+    # A row made before messages were kept: rendered now, as best it can be.
+    return n.flag.explanation if n.flag is not None else headline_for(n)
+
+
 def headline_for(notification: Notification) -> str:
     """The one-line headline a channel gets for this notification, without rendering the
-    bodies (the history page lists it for rows that have no flag to explain them).
+    bodies, for a row made before messages were kept (`Notification.rendered`).
 
     A run-end row records one ending ("run:<pk>:<status>:<segment>"); the run may have resumed
     or ended again since, and then its current step and status describe another attempt: the
@@ -399,26 +423,52 @@ def headline_for(notification: Notification) -> str:
     return " ".join(render_to_string("alerts/headline.txt", ctx).split())
 
 
-def message_for(notification: Notification) -> Message:
-    n = notification
-    run = n.run
-    at = n.flag.created_at if n.flag is not None else (run.ended_at or n.created_at)
-    ctx = context_for(run=run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at)
+def message_for_event(
+    *,
+    run: Run,
+    kind: str,
+    rule: str,
+    event: str,
+    severity: str,
+    flag: Flag | None,
+    at: datetime,
+) -> Message:
+    """One event's message, as every channel gets it (less the delivery id): rendered once,
+    when the event is dispatched, and kept on each of its notifications."""
+    ctx = context_for(run=run, kind=kind, event=event, severity=severity, flag=flag, at=at)
     payload = {
-        "id": str(n.public_id),
-        "type": "flag" if n.flag is not None else "run",
+        "type": "flag" if flag is not None else "run",
         "project": run.project.slug,
         "run": {"id": run.public_id, "name": str(run), "status": run.status, "url": ctx["url"]},
-        "kind": n.kind,
-        "rule": n.rule_kind,
-        "event": n.event,
-        "severity": n.severity,
+        "kind": kind,
+        "rule": rule,
+        "event": event,
+        "severity": severity,
         "at": at.astimezone(UTC).isoformat(),
         "explanation": ctx["explanation"],
-        "onset_step": n.flag.onset_step if n.flag is not None else None,
-        "data": dict(n.flag.data or {}) if n.flag is not None else {},
+        "onset_step": flag.onset_step if flag is not None else None,
+        "data": dict(flag.data or {}) if flag is not None else {},
     }
     return render(ctx, payload)
+
+
+def message_for(notification: Notification) -> Message:
+    """The message a notification sends: the one kept when it was made; rendered now only for
+    a row made before messages were kept."""
+    n = notification
+    if n.rendered:
+        return Message.from_json(n.rendered)
+    at = n.flag.created_at if n.flag is not None else (n.run.ended_at or n.created_at)
+    message = message_for_event(
+        run=n.run,
+        kind=n.kind,
+        rule=n.rule_kind,
+        event=n.event,
+        severity=n.severity,
+        flag=n.flag,
+        at=at,
+    )
+    return message.for_notification(n.public_id)
 
 
 def message_for_test(*, run_name: str, project: Any, url: str) -> Message:

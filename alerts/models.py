@@ -110,6 +110,11 @@ class Notification(models.Model):
     # Why it was suppressed, or the last delivery error.
     reason = models.TextField(blank=True)
     tries = models.PositiveIntegerField(default=0)
+    # The message as rendered when the row was made (alerts.messages.Message.as_json): what every
+    # try sends and what the history shows, whatever the run or its flags say later. A message
+    # rendered at each try, and re-rendered by the history, told a crash that had since resumed
+    # as "... running" (issue 23). Empty on rows made before messages were kept.
+    rendered = models.JSONField(default=dict, blank=True)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

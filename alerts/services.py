@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from alerts.kinds import BY_KEY, RULE_KINDS, RuleKind, rule_kind_for
-from alerts.messages import message_for, message_for_test
+from alerts.messages import Message, message_for, message_for_event, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
@@ -349,6 +350,7 @@ def _notifications_create(*, event: Event) -> list[Notification]:
         return []
     created = []
     channels: list[Channel | None] = [*_channels_for(rule)] or [None]
+    message: Message | None = None
     for channel in channels:
         gate = _gate(rule=rule, channel=channel, event=event)
         if gate is None:
@@ -356,10 +358,17 @@ def _notifications_create(*, event: Event) -> list[Notification]:
         status, reason = gate
         if channel is None and status == S.PENDING:
             status, reason = S.SUPPRESSED, NO_CHANNEL
+        # Rendered once, now, from the run and flag as the event found them: every try sends
+        # it and the history shows it, sent or suppressed, whatever the run does next.
+        if message is None:
+            message = _message_for(event, rule)
+        public_id = uuid.uuid4()
         notification, was_created = Notification.objects.get_or_create(
             event_key=event.event_key,
             channel=channel,
             defaults={
+                "public_id": public_id,
+                "rendered": message.for_notification(public_id).as_json(),
                 "run": event.run,
                 "flag": event.flag,
                 "rule_kind": rule.kind,
@@ -379,6 +388,18 @@ def _notifications_create(*, event: Event) -> list[Notification]:
             if notification.status == S.PENDING:
                 _announce(notification.pk)
     return created
+
+
+def _message_for(event: Event, rule: Rule) -> Message:
+    return message_for_event(
+        run=event.run,
+        kind=event.kind,
+        rule=rule.kind,
+        event=event.event,
+        severity=rule.severity,
+        flag=event.flag,
+        at=event.at,
+    )
 
 
 def _announce(notification_id: int) -> None:
@@ -544,8 +565,12 @@ def notification_deliver(*, notification_id: int, now: datetime | None = None) -
     if not n.channel.enabled:
         _settle(n, S.FAILED, f"channel disabled: {n.channel.disabled_reason or 'by a user'}")
         return None
+    message = message_for(n)
+    if not n.rendered:
+        # A row made before messages were kept: what this try sends is what its retries send.
+        Notification.objects.filter(pk=n.pk).update(rendered=message.as_json())
     try:
-        transport_for(n.channel).notify(message_for(n))
+        transport_for(n.channel).notify(message)
     except TransportError as e:
         return _after_error(n, e, now)
     _settle(n, S.SENT, "", sent_at=timezone.now())

@@ -761,3 +761,29 @@ def test_a_flag_closed_by_the_run_end_says_so_only_where_the_end_is_announced(
     assert notes[slack] == (
         "closed by the run's end; the rule for run endings does not send to this channel"
     )
+
+
+def test_a_retry_sends_what_the_first_try_sent_though_the_run_moved_on(
+    project: Project, run: Run, sink: HttpSink
+) -> None:
+    # A message was rendered at each try from the run as it then stood: a crash whose first
+    # try failed, retried after the run had resumed, went out as "pretrain-3.0 running ...".
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    sink.script("/hook", (500, "busy"))
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.CRASHED, ended_at=timezone.now(), last_step=10_200
+    )
+    (n,) = services.run_end_dispatch(run_id=run.pk)
+    assert services.notification_deliver(notification_id=n.pk) is not None  # will retry
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.RUNNING, ended_at=None, last_step=11_445, current_segment=2
+    )
+    services.notification_deliver(notification_id=n.pk, now=timezone.now() + timedelta(hours=1))
+
+    first, retry = (r.json() for r in sink.to("/hook"))
+    assert first["headline"].startswith("pretrain-3.0 crashed at step 10,200 of 1,000,000")
+    assert retry == first
+    n.refresh_from_db()
+    assert n.status == S.SENT
