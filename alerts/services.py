@@ -28,7 +28,7 @@ from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
 from config import sweeps
-from forecasting.estimators import episode_states
+from forecasting.estimators import episode_states, flag_bands
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
@@ -517,9 +517,13 @@ def _said_this_episode(
 
 def _escalates(flag: Flag | None, said: Flag | None) -> bool:
     """Whether a flag is a worse state than the one its rule last alerted: the cooldown holds
-    repeats, never a worsening (a loss spike that diverged, issue 22)."""
+    repeats, never a worsening (a loss spike that diverged, issue 22; deadline odds or a slip
+    in a worse band, issue 23: a fall from 44% to 0% two minutes after the 44% alert was held
+    for the hour, and the lead's last word was "44% chance" for a run that missed)."""
     if flag is None or said is None:
         return False
+    if flag.kind == said.kind and flag_bands.worse(flag.kind, flag.data, said.data):
+        return True
     return episode_states.escalates(flag.data, said.data)
 
 

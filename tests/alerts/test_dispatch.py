@@ -787,3 +787,71 @@ def test_a_retry_sends_what_the_first_try_sent_though_the_run_moved_on(
     assert retry == first
     n.refresh_from_db()
     assert n.status == S.SENT
+
+
+def _deadline_flag(run: Run, p: float, state: str, minutes_ago: float) -> Flag:
+    return flag_raise(
+        run,
+        "deadline",
+        state=state,
+        severity=1.0 - p,
+        onset_step=None,
+        explanation=f"{p:.0%} likely on time",
+        data={"p_on_time": p},
+        created_at=timezone.now() - timedelta(minutes=minutes_ago),
+    )
+
+
+def test_a_deadline_that_falls_a_band_goes_out_through_the_cooldown(
+    run: Run, channels: Any
+) -> None:
+    # The odds fell from 44% to 0% two minutes after the alert at 44%: held by the hour's
+    # cooldown, so the lead's last word was "44% chance" for a run that then missed.
+    _deadline_flag(run, 0.44, Flag.State.RAISED, minutes_ago=3)
+    services.flags_dispatch()
+    Notification.objects.update(status=S.SENT, tries=1)
+    _deadline_flag(run, 0.0, Flag.State.UPDATED, minutes_ago=1)
+    services.flags_dispatch()
+
+    update = Notification.objects.filter(event="updated")
+    assert {n.status for n in update} == {S.PENDING}
+    # The same band again inside the cooldown is a repeat, held as before.
+    Notification.objects.update(status=S.SENT, tries=1)
+    _deadline_flag(run, 0.004, Flag.State.UPDATED, minutes_ago=0)
+    services.flags_dispatch()
+    last = Notification.objects.filter(flag__data__p_on_time=0.004)
+    assert {n.status for n in last} == {S.SUPPRESSED}
+    assert all(n.reason.startswith("cooldown: ") for n in last)
+
+
+def test_a_wobbling_deadline_replayed_sends_the_raise_and_the_fall(
+    project: Project, sink: HttpSink, no_default_slack: None
+) -> None:
+    """The issue's four minutes of odds (20 -> 42 -> 22 -> 31 -> 21 -> 27 -> 13 -> 27 -> 1 ->
+    9 -> 0%) through the hysteresis, the flag writer, the dispatcher and a webhook: the lead
+    hears of the raise and of the fall to 1%, nothing of the wobble."""
+    from tests.forecasting.test_hysteresis import WOBBLE, _odds, sync
+    from tests.forecasting.test_services import at, make_run
+
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    run = make_run(project)
+    Run.objects.filter(pk=run.pk).update(started_at=at(0))
+    run.refresh_from_db()
+    t = 1000.0
+    for p in (0.20,) * 4 + WOBBLE:
+        sync(run, _odds(run, t, p), t)
+        services.flags_dispatch()
+        for pk in services.notifications_due():
+            services.notification_deliver(notification_id=pk)
+        t += 24.0
+
+    sent = [r.json() for r in sink.to("/hook")]
+    assert [(b["event"], b["data"]["p_on_time"]) for b in sent] == [
+        ("raised", 0.20),
+        ("updated", 0.008),
+    ]
+    assert "1% chance to make it" in sent[1]["headline"]
+    # ... and the history holds those two, not ten "no worse" or "cooldown" rows beside them.
+    assert Notification.objects.filter(run=run).count() == 2
