@@ -100,7 +100,7 @@ RULE_KINDS: tuple[RuleKind, ...] = (
     RuleKind("gpu_unexplained", "GPU activity no run event explains", (K.GPU_UNEXPLAINED,)),
     RuleKind("hang", "GPUs busy but no progress (hang)", (K.HANG,), "critical"),
     RuleKind("finished", "Run finished", ("finished",), "info"),
-    RuleKind("failed", "Run failed or crashed", ("failed",), "critical"),
+    RuleKind("failed", "Run failed or crashed", ("failed", "crashed"), "critical"),
 )
 BY_KEY = {k.key: k for k in RULE_KINDS}
 BY_SOURCE = {source: k for k in RULE_KINDS for source in k.sources}

@@ -6,22 +6,26 @@ estimators that changed), so every read is defensive and a missing number drops 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.db.models import Max
 from django.template.loader import render_to_string
 
 from alerts.kinds import BY_KEY
 from alerts.models import Notification
+from forecasting import board
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import episode_at_end
 from tracker.links import run_url
-from tracker.models import Run
+from tracker.models import Event, LatestMetric, Run
 
+# How a run ends, as a notification's kind (its event is "ended").
+RUN_ENDINGS = ("finished", "failed", "crashed")
 SEVERITY_MARK = {"info": "\u2139\ufe0f", "warning": "\u26a0\ufe0f", "critical": "\U0001f6a8"}
 
 
@@ -37,6 +41,19 @@ class Message:
     url: str
     severity: str
     payload: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """What a Notification keeps (its `rendered`): every try sends this, the history shows
+        it."""
+        return {**asdict(self), "facts": [list(f) for f in self.facts]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Message:
+        return cls(**{**data, "facts": [(str(a), str(b)) for a, b in data.get("facts", [])]})
+
+    def for_notification(self, public_id: object) -> Message:
+        """This event's message as one delivery of it: its body carries the delivery's id."""
+        return replace(self, payload={"id": str(public_id), **self.payload})
 
 
 def _num(data: dict[str, Any], key: str) -> float | None:
@@ -175,14 +192,104 @@ def _slip_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _stalled_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+def _stalled_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str, Any]:
     silent = _num(data, "silent_s")
     usual = _num(data, "usual_interval_s")
+    crashed = data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED
+    checkpoint = _last_checkpoint(run)
     return {
-        "crashed": data.get("kind") == "no_heartbeat" or run.status == Run.Status.CRASHED,
+        "crashed": crashed,
         "silent": fmt.span(silent) if silent is not None else None,
         "usual": fmt.span(usual) if usual is not None else None,
+        **_progress_context(run, checkpoint, at, before="this alert"),
+        **_cutoff_context(run, at),
+        # Alive but stuck is a hang to look at, not a job to restart.
+        "resume": _resume(run, checkpoint) if crashed else None,
     }
+
+
+# --- where a run got to, against its cutoff, and how to pick it up again ----------------------
+# What every end-of-run, crash and stall message says (issue 23): "looks crashed: no heartbeat
+# for 1 min" alone left the lead to find the last step, the checkpoint and the way back.
+
+CHECKPOINT_PATH_MAX = 200
+
+
+def _last_checkpoint(run: Run) -> Event | None:
+    """The checkpoint a restart would load: the latest logged at or below the run's last step
+    (one an abandoned attempt saved beyond where the run now stands is not its progress)."""
+    rows = Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT, step__isnull=False)
+    if run.last_step is not None:
+        rows = rows.filter(step__lte=run.last_step)
+    return rows.order_by("-time", "-id").first()
+
+
+def _last_step_time(run: Run) -> float | None:
+    """When the run's last step was logged (its point's own time), in epoch seconds."""
+    if run.last_step is None:
+        return None
+    ms = LatestMetric.objects.filter(run=run, step=run.last_step).aggregate(t=Max("timestamp_ms"))
+    return ms["t"] / 1000.0 if ms["t"] is not None else None
+
+
+def _before(at: datetime, epoch_s: float | None) -> str | None:
+    # Never negative: a trainer's clock a little ahead of the server's is not "in the future".
+    return None if epoch_s is None else fmt.span(max(0.0, at.timestamp() - epoch_s))
+
+
+def _progress_context(
+    run: Run, checkpoint: Event | None, at: datetime, *, before: str
+) -> dict[str, Any]:
+    """The last step and the last checkpoint, each with how long before `at` (the message's
+    time: a frozen message says "before this alert", never "ago", which changes as it is read)."""
+    path = checkpoint.payload.get("path") if checkpoint is not None else None
+    return {
+        "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
+        "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
+        "last_step_before": _before(at, _last_step_time(run)),
+        "checkpoint": fmt.steps(checkpoint.step) if checkpoint is not None else None,
+        "checkpoint_before": _before(at, checkpoint.time.timestamp()) if checkpoint else None,
+        "checkpoint_path": str(path)[:CHECKPOINT_PATH_MAX] if path else None,
+        "no_checkpoint": checkpoint is None,
+        "before_what": before,
+    }
+
+
+def _cutoff_context(run: Run, at: datetime) -> dict[str, Any]:
+    """The run against its cutoff: a finished run's outcome as the board says it (one rule,
+    forecasting.board.end_outcome), otherwise how far from its train-by it stopped."""
+    deadline = run.deadline
+    if deadline is None:
+        return {}
+    dtz = ZoneInfo(deadline.timezone)
+    outcome = board.end_outcome(run)
+    margin = board.margin_before_train_by(run, at_s=at.timestamp())
+    if outcome is None and margin is not None:
+        line = "train-by" if deadline.buffer else "cutoff"
+        side = "before" if margin >= 0 else "past"
+        outcome = f"not finished, {fmt.span(margin)} {side} its {line}"
+    return {
+        "cut": {
+            "deadline": deadline.name,
+            "cutoff": fmt.when(deadline.cutoff.timestamp(), dtz),
+            "train_by": fmt.when(deadline.train_by.timestamp(), dtz) if deadline.buffer else None,
+            "outcome": outcome,
+        }
+    }
+
+
+def _resume(run: Run, checkpoint: Event | None) -> str:
+    """How to pick the run up again: the client resumes a run given its id (client/README.md,
+    "Resuming a restarted job"), from the checkpoint the job itself loads."""
+    how = f'runcast.init(id="{run.public_id}", ...) or RUNCAST_RUN_ID={run.public_id}'
+    if checkpoint is None:
+        return f"no checkpoint was logged; restarting with {how} continues the same run"
+    path = checkpoint.payload.get("path")
+    where = f" ({str(path)[:CHECKPOINT_PATH_MAX]})" if path else ""
+    return (
+        f"load the checkpoint at step {fmt.steps(checkpoint.step)}{where} and restart with "
+        f"{how}: the same run continues as a new attempt"
+    )
 
 
 def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
@@ -207,13 +314,16 @@ def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _end_context(run: Run) -> dict[str, Any]:
+def _end_context(run: Run, at: datetime) -> dict[str, Any]:
     duration = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
+    checkpoint = _last_checkpoint(run)
+    ended_badly = run.status in (Run.Status.FAILED, Run.Status.CRASHED)
     return {
         "status": run.status,
-        "last_step": fmt.steps(run.last_step) if run.last_step is not None else None,
-        "total_steps": fmt.steps(run.total_steps) if run.total_steps else None,
+        **_progress_context(run, checkpoint, at, before=f"it {run.status}"),
         "duration": fmt.span(duration) if duration is not None else None,
+        **_cutoff_context(run, at),
+        "resume": _resume(run, checkpoint) if ended_badly else None,
         **_end_episode(run),
     }
 
@@ -245,11 +355,11 @@ def context_for(
     elif kind == "slip":
         ctx["d"] = _slip_context(run, data)
     elif kind == "stalled":
-        ctx["d"] = _stalled_context(run, data)
+        ctx["d"] = _stalled_context(run, data, at)
     elif kind == "straggler":
         ctx["d"] = _straggler_context(run, data)
-    elif kind in ("finished", "failed"):
-        ctx["d"] = _end_context(run)
+    elif kind in RUN_ENDINGS:
+        ctx["d"] = _end_context(run, at)
     else:
         ctx["d"] = {}
     return ctx
@@ -281,9 +391,20 @@ def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
     )
 
 
+def history_text(notification: Notification) -> str:
+    """What the history shows of a notification: the message as it was sent (or would have
+    been), its explanation or else its headline."""
+    n = notification
+    if n.rendered:
+        payload = n.rendered.get("payload") or {}
+        return str(payload.get("explanation") or n.rendered.get("headline") or "")
+    # A row made before messages were kept: rendered now, as best it can be.
+    return n.flag.explanation if n.flag is not None else headline_for(n)
+
+
 def headline_for(notification: Notification) -> str:
     """The one-line headline a channel gets for this notification, without rendering the
-    bodies (the history page lists it for rows that have no flag to explain them).
+    bodies, for a row made before messages were kept (`Notification.rendered`).
 
     A run-end row records one ending ("run:<pk>:<status>:<segment>"); the run may have resumed
     or ended again since, and then its current step and status describe another attempt: the
@@ -302,26 +423,52 @@ def headline_for(notification: Notification) -> str:
     return " ".join(render_to_string("alerts/headline.txt", ctx).split())
 
 
-def message_for(notification: Notification) -> Message:
-    n = notification
-    run = n.run
-    at = n.flag.created_at if n.flag is not None else (run.ended_at or n.created_at)
-    ctx = context_for(run=run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at)
+def message_for_event(
+    *,
+    run: Run,
+    kind: str,
+    rule: str,
+    event: str,
+    severity: str,
+    flag: Flag | None,
+    at: datetime,
+) -> Message:
+    """One event's message, as every channel gets it (less the delivery id): rendered once,
+    when the event is dispatched, and kept on each of its notifications."""
+    ctx = context_for(run=run, kind=kind, event=event, severity=severity, flag=flag, at=at)
     payload = {
-        "id": str(n.public_id),
-        "type": "flag" if n.flag is not None else "run",
+        "type": "flag" if flag is not None else "run",
         "project": run.project.slug,
         "run": {"id": run.public_id, "name": str(run), "status": run.status, "url": ctx["url"]},
-        "kind": n.kind,
-        "rule": n.rule_kind,
-        "event": n.event,
-        "severity": n.severity,
+        "kind": kind,
+        "rule": rule,
+        "event": event,
+        "severity": severity,
         "at": at.astimezone(UTC).isoformat(),
         "explanation": ctx["explanation"],
-        "onset_step": n.flag.onset_step if n.flag is not None else None,
-        "data": dict(n.flag.data or {}) if n.flag is not None else {},
+        "onset_step": flag.onset_step if flag is not None else None,
+        "data": dict(flag.data or {}) if flag is not None else {},
     }
     return render(ctx, payload)
+
+
+def message_for(notification: Notification) -> Message:
+    """The message a notification sends: the one kept when it was made; rendered now only for
+    a row made before messages were kept."""
+    n = notification
+    if n.rendered:
+        return Message.from_json(n.rendered)
+    at = n.flag.created_at if n.flag is not None else (n.run.ended_at or n.created_at)
+    message = message_for_event(
+        run=n.run,
+        kind=n.kind,
+        rule=n.rule_kind,
+        event=n.event,
+        severity=n.severity,
+        flag=n.flag,
+        at=at,
+    )
+    return message.for_notification(n.public_id)
 
 
 def message_for_test(*, run_name: str, project: Any, url: str) -> Message:

@@ -100,7 +100,8 @@ class Notification(models.Model):
     # "flag:<id>" or "run:<id>:<status>:<ended_at>": one delivery per event per channel.
     event_key = models.CharField(max_length=128)
     rule_kind = models.CharField(max_length=32)
-    # The flag kind ("nan", "rise", ...) or the run ending ("finished", "failed").
+    # The flag kind ("nan", "rise", ...) or how the run ended ("finished", "failed", "crashed";
+    # rows made before crashes had their own kind say "failed" for both).
     kind = models.CharField(max_length=32)
     # raised / updated / resolved for flags; "ended" for run endings.
     event = models.CharField(max_length=16)
@@ -109,6 +110,11 @@ class Notification(models.Model):
     # Why it was suppressed, or the last delivery error.
     reason = models.TextField(blank=True)
     tries = models.PositiveIntegerField(default=0)
+    # The message as rendered when the row was made (alerts.messages.Message.as_json): what every
+    # try sends and what the history shows, whatever the run or its flags say later. A message
+    # rendered at each try, and re-rendered by the history, told a crash that had since resumed
+    # as "... running" (issue 23). Empty on rows made before messages were kept.
+    rendered = models.JSONField(default=dict, blank=True)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

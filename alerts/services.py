@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -22,12 +23,12 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from alerts.kinds import BY_KEY, RULE_KINDS, RuleKind, rule_kind_for
-from alerts.messages import message_for, message_for_test
+from alerts.messages import Message, message_for, message_for_event, message_for_test
 from alerts.models import Channel, Digest, Notification, Rule
 from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
 from config import sweeps
-from forecasting.estimators import episode_states
+from forecasting.estimators import episode_states, flag_bands
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
@@ -275,15 +276,25 @@ def run_end_dispatch(*, run_id: int) -> list[Notification]:
     # A crash the sweeper only inferred arrives as a "stalled" flag instead: not announced twice.
     if run is None or not run.has_ended:
         return []
-    kind = "finished" if run.status == Run.Status.FINISHED else "failed"
+    # The kind says what happened (finished, failed, crashed); a failure and a crash answer to
+    # one rule. A crash went out as "failed ended" (webhook event `failed.ended`).
+    kind = str(run.status)
+    rule_kind = BY_KEY["finished"] if run.status == Run.Status.FINISHED else BY_KEY["failed"]
+    # The segment makes a resumed-then-finished-again run a new ending, and a repeated finish
+    # call of the same attempt the same one.
+    key = f"run:{run.pk}:{run.status}:{run.current_segment}"
+    if Notification.objects.filter(event_key=key).exists():
+        # Dispatched already (its rows are made in one transaction): the sweep looks again at
+        # every ending of the last hour in case its task was lost, and gave the channels added
+        # since (a webhook, an email channel made after the run ended) notes of endings that
+        # happened before they existed. A channel carries what happens from its creation on.
+        return []
     event = Event(
         run=run,
-        rule_kind=BY_KEY[kind],
+        rule_kind=rule_kind,
         kind=kind,
         event="ended",
-        # The segment makes a resumed-then-finished-again run a new ending, and a repeated
-        # finish call of the same attempt the same one.
-        event_key=f"run:{run.pk}:{run.status}:{run.current_segment}",
+        event_key=key,
         at=run.ended_at or run.last_seen_at,
     )
     with transaction.atomic():
@@ -339,6 +350,7 @@ def _notifications_create(*, event: Event) -> list[Notification]:
         return []
     created = []
     channels: list[Channel | None] = [*_channels_for(rule)] or [None]
+    message: Message | None = None
     for channel in channels:
         gate = _gate(rule=rule, channel=channel, event=event)
         if gate is None:
@@ -346,10 +358,17 @@ def _notifications_create(*, event: Event) -> list[Notification]:
         status, reason = gate
         if channel is None and status == S.PENDING:
             status, reason = S.SUPPRESSED, NO_CHANNEL
+        # Rendered once, now, from the run and flag as the event found them: every try sends
+        # it and the history shows it, sent or suppressed, whatever the run does next.
+        if message is None:
+            message = _message_for(event, rule)
+        public_id = uuid.uuid4()
         notification, was_created = Notification.objects.get_or_create(
             event_key=event.event_key,
             channel=channel,
             defaults={
+                "public_id": public_id,
+                "rendered": message.for_notification(public_id).as_json(),
                 "run": event.run,
                 "flag": event.flag,
                 "rule_kind": rule.kind,
@@ -369,6 +388,18 @@ def _notifications_create(*, event: Event) -> list[Notification]:
             if notification.status == S.PENDING:
                 _announce(notification.pk)
     return created
+
+
+def _message_for(event: Event, rule: Rule) -> Message:
+    return message_for_event(
+        run=event.run,
+        kind=event.kind,
+        rule=rule.kind,
+        event=event.event,
+        severity=rule.severity,
+        flag=event.flag,
+        at=event.at,
+    )
 
 
 def _announce(notification_id: int) -> None:
@@ -417,7 +448,7 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
         if not same_kind.exists():
             return None
         if event.data.get("closed_by_run_end"):
-            return S.SUPPRESSED, "closed by the run's end: the run-end message says so"
+            return S.SUPPRESSED, _closed_by_end_note(run=event.run, channel=channel)
         last = same_kind.filter(status__in=ACTIVE).order_by("-created_at", "-id").first()
         if last is None or last.event not in RAISES:
             # With no channel nothing was delivered for the plain reason that there is none;
@@ -432,6 +463,22 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             return S.SUPPRESSED, "raised and resolved before either went out: nothing to say"
         return S.PENDING, ""
     return S.PENDING, ""
+
+
+CLOSED_BY_END = "closed by the run's end: the run-end message says so"
+
+
+def _closed_by_end_note(*, run: Run, channel: Channel | None) -> str:
+    """Why a flag the run's end closed says nothing more: the run-end message (which gives the
+    outcome against the cutoff, where the run got to and how to resume) says it, on the
+    channels the rule for that ending sends to; elsewhere the note must not claim it."""
+    if channel is None:
+        return NO_CHANNEL
+    key = "finished" if run.status == Run.Status.FINISHED else "failed"
+    rule = Rule.objects.filter(project_id=run.project_id, kind=key).first()
+    if rule is not None and not rule.muted and channel in _channels_for(rule):
+        return CLOSED_BY_END
+    return "closed by the run's end; the rule for run endings does not send to this channel"
 
 
 def _said_this_episode(
@@ -470,9 +517,13 @@ def _said_this_episode(
 
 def _escalates(flag: Flag | None, said: Flag | None) -> bool:
     """Whether a flag is a worse state than the one its rule last alerted: the cooldown holds
-    repeats, never a worsening (a loss spike that diverged, issue 22)."""
+    repeats, never a worsening (a loss spike that diverged, issue 22; deadline odds or a slip
+    in a worse band, issue 23: a fall from 44% to 0% two minutes after the 44% alert was held
+    for the hour, and the lead's last word was "44% chance" for a run that missed)."""
     if flag is None or said is None:
         return False
+    if flag.kind == said.kind and flag_bands.worse(flag.kind, flag.data, said.data):
+        return True
     return episode_states.escalates(flag.data, said.data)
 
 
@@ -518,8 +569,12 @@ def notification_deliver(*, notification_id: int, now: datetime | None = None) -
     if not n.channel.enabled:
         _settle(n, S.FAILED, f"channel disabled: {n.channel.disabled_reason or 'by a user'}")
         return None
+    message = message_for(n)
+    if not n.rendered:
+        # A row made before messages were kept: what this try sends is what its retries send.
+        Notification.objects.filter(pk=n.pk).update(rendered=message.as_json())
     try:
-        transport_for(n.channel).notify(message_for(n))
+        transport_for(n.channel).notify(message)
     except TransportError as e:
         return _after_error(n, e, now)
     _settle(n, S.SENT, "", sent_at=timezone.now())

@@ -49,25 +49,14 @@ class RunView(RunOutlook):
     def margin_s(self) -> float | None:
         """Seconds to spare before the cutoff (train-by), negative when late: the actual end
         for a finished run, the P50 finish for a running one."""
-        deadline = self.run.deadline
-        if deadline is None:
-            return None
-        train_by = deadline.train_by.timestamp()
-        if self.run.status == Run.Status.FINISHED and self.run.ended_at is not None:
-            return train_by - self.run.ended_at.timestamp()
         if self.run.is_active and self.finish is not None:
-            return train_by - self.finish[1]
-        return None
+            return margin_before_train_by(self.run, at_s=self.finish[1])
+        return end_margin_s(self.run)
 
     @property
     def outcome(self) -> str | None:
         """'made it, 29 s spare' / 'missed by 3 h' for a finished run aimed at a cutoff."""
-        margin = self.margin_s
-        if margin is None or self.run.is_active:
-            return None
-        return (
-            f"made it, {fmt.span(margin)} spare" if margin >= 0 else f"missed by {fmt.span(margin)}"
-        )
+        return end_outcome(self.run)
 
     @property
     def margin_text(self) -> str | None:
@@ -85,6 +74,30 @@ class RunView(RunOutlook):
         _cost(view, now)
         view.risk = _risk(view)
         return view
+
+
+def margin_before_train_by(run: Run, *, at_s: float) -> float | None:
+    """Seconds from `at_s` (epoch) to the run's train-by (its cutoff less the buffer), negative
+    past it; None for a run aimed at no cutoff."""
+    if run.deadline is None:
+        return None
+    return run.deadline.train_by.timestamp() - at_s
+
+
+def end_margin_s(run: Run) -> float | None:
+    """How much a finished run had to spare at its end (negative: how late it was)."""
+    if run.status != Run.Status.FINISHED or run.ended_at is None:
+        return None
+    return margin_before_train_by(run, at_s=run.ended_at.timestamp())
+
+
+def end_outcome(run: Run) -> str | None:
+    """'made it, 29 s spare' / 'missed by 3 h': a finished run against its cutoff, as the board,
+    the run page and the end-of-run message say it (one rule)."""
+    margin = end_margin_s(run)
+    if margin is None:
+        return None
+    return f"made it, {fmt.span(margin)} spare" if margin >= 0 else f"missed by {fmt.span(margin)}"
 
 
 def _cost(out: RunView, now: datetime) -> None:

@@ -10,7 +10,6 @@ commit: that is how the alerts layer hears of new rows (tests/test_architecture.
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Any
 
@@ -18,8 +17,7 @@ from django.db import transaction
 
 from forecasting import selectors
 from forecasting.conditions import Condition, Ending
-from forecasting.estimators import episode_states
-from forecasting.estimators import thresholds as th
+from forecasting.estimators import episode_states, flag_bands
 from forecasting.models import Flag
 from forecasting.signals import flags_written
 from tracker.models import Run
@@ -115,20 +113,13 @@ def _announce(written: list[Flag]) -> None:
         transaction.on_commit(lambda: flags_written.send(sender=Flag, flag_ids=ids), robust=True)
 
 
-def _band(kind: str, data: dict[str, Any]) -> int | None:
-    """Which severity band a condition is in, for kinds whose worsening is news by itself."""
-    if kind == Flag.Kind.DEADLINE and isinstance(data.get("p_on_time"), int | float):
-        return sum(data["p_on_time"] < b for b in th.FLAG_DEADLINE_BANDS)
-    if kind == Flag.Kind.SLIP and isinstance(data.get("amount_s"), int | float):
-        return int(math.log2(max(1.0, data["amount_s"] / th.FLAG_SLIP_BAND_BASE_S)))
-    return None
-
-
 def _is_news(prev: Flag, cond: Condition) -> bool:
     # Same onset and same band: the open flag already says this; a new row would re-alert.
+    # A deadline's band moves only as forecasting.hysteresis lets it: worse at once, better once
+    # held (a short run's odds wobbling 20-42% wrote ten rows in four minutes).
     if prev.kind == Flag.Kind.STRAGGLER and prev.data.get("ranks") != cond.data.get("ranks"):
         return True  # another rank is now the one everyone waits for
-    if _band(prev.kind, prev.data) != _band(cond.kind, cond.data):
+    if flag_bands.band(prev.kind, prev.data) != flag_bands.band(cond.kind, cond.data):
         return True
     if episode_states.escalates(cond.data, prev.data):
         return True  # a loss episode got worse (diverged, blew up again): news whatever its onset

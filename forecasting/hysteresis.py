@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from forecasting.conditions import Condition, Reading
+from forecasting.estimators import flag_bands
 from forecasting.estimators import thresholds as th
 from forecasting.models import Flag
 
@@ -64,21 +65,20 @@ def sustained(found: list[Condition], ctx: Context) -> list[Condition]:
     new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
     window of recomputations of one report is one reading. Its odds must not be climbing back
     over those reports (unless under 50%), and an open deadline flag closes only on odds held
-    at FLAG_DEADLINE_RESOLVE_P over the same span and reports.
+    at FLAG_DEADLINE_RESOLVE_P over the same span and reports. An open deadline flag moves to
+    a better band of odds only once that band has held as a raise must (`_band_change`).
     """
     out = []
     for cond in found:
+        if cond.kind in ctx.open_flags:
+            out.append(_band_change(cond, ctx.open_flags[cond.kind], ctx))
+            continue
         span = ctx.longest if cond.kind in ctx.recently_resolved else ctx.window
         # A finding the detector already required to hold over several evaluations (a sparse
         # validation curve, a point every few minutes) is sustained in points: a time window on
         # top of it would outlast a short run. Kept open and closed like the others.
         in_points = bool(cond.data.get("sustained_points"))
-        if (
-            cond.kind not in SUSTAINED_KINDS
-            or cond.kind in ctx.open_flags
-            or in_points
-            or _held(cond.kind, span, ctx)
-        ):
+        if cond.kind not in SUSTAINED_KINDS or in_points or _held(cond.kind, span, ctx):
             out.append(cond)
     reported = {c.kind for c in out}
     for kind, prev in ctx.open_flags.items():
@@ -86,6 +86,36 @@ def sustained(found: list[Condition], ctx: Context) -> list[Condition]:
             # Still open: the same condition, so no new row.
             out.append(Condition(kind, prev.explanation, prev.severity, prev.onset_step, prev.data))
     return out
+
+
+def _band_change(cond: Condition, prev: Flag, ctx: Context) -> Condition:
+    """What an open deadline flag reports: the new reading when its band of odds is worse or the
+    same, or when a better band has held; otherwise what the flag already says.
+
+    Hysteresis of the bands (FLAG_DEADLINE_BANDS: 75%, 50%, 25%, 10%, 1%), asymmetric because
+    the two directions cost a lead differently. Worse goes out at once: odds that fall a band
+    are what the deadline rule is for (a fall from 44% to 0% is sent through the cooldown, as a
+    loss episode that gets worse is). Better is written only once every computation over the
+    sustain window, on two progress reports (the raise's own rule), has found the odds in a
+    better band than the flag's. Both compare with the band the flag last wrote, not with the
+    previous computation, so odds that wobble about an edge write at most the one worsening: on
+    a four-minute run the odds went 20 -> 42 -> 22 -> 31 -> 21 -> 27 -> 13 -> 27 -> 1 -> 9 -> 0%
+    and each crossing wrote a row (ten updates); now the raise at 20% and the fall to 1% are
+    written, and the climbs that did not hold are not.
+    """
+    now_band = flag_bands.band(cond.kind, cond.data)
+    said_band = flag_bands.band(prev.kind, prev.data)
+    if cond.kind != Flag.Kind.DEADLINE or now_band is None or said_band is None:
+        return cond
+    if now_band >= said_band:
+        return cond
+
+    def better(r: Reading) -> bool:
+        return r.deadline_p is not None and flag_bands.odds_band(r.deadline_p) < said_band
+
+    if _across_reports(better, ctx.window, ctx) is not None:
+        return cond
+    return Condition(prev.kind, prev.explanation, prev.severity, prev.onset_step, prev.data)
 
 
 def _cleared(kind: str, ctx: Context) -> bool:

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from alerts import selectors, services
-from alerts.messages import headline_for
+from alerts.messages import history_text
 from alerts.models import Channel, Notification
 from dashboard.alerts.forms import ChannelForm, RuleForm
 from tracker.access import membership_for, run_for
@@ -23,12 +23,13 @@ HISTORY_LIMIT = 200
 
 
 def _history(project: Project, rows: list[Notification]) -> list[Notification]:
-    """Rows with what they say: a flag's explanation, or for a run's end the headline its
-    channels get ("... crashed at step 10,085 of 20,000 after 5 min"), not the rule's name."""
+    """Rows with what they said, as sent (alerts.messages.history_text): a flag's explanation,
+    or for a run's end the headline its channels got ("... crashed at step 10,085 of 20,000
+    after 5 min"), not the rule's name nor the run as it stands now."""
     for n in rows:
         n.run.project = project  # every row's run is in this project: no query per row
         # An attribute for the template only, not a field.
-        n.message = n.flag.explanation if n.flag is not None else headline_for(n)  # type: ignore[attr-defined]
+        n.message = history_text(n)  # type: ignore[attr-defined]
     return rows
 
 

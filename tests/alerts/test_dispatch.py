@@ -646,3 +646,212 @@ def test_the_end_of_run_message_says_what_the_unrecovered_episode_undid(
         " 5.8 h of training undone (≈ $1,240)"
     )
     assert "Training undone: 5.8 h" in text.splitlines()
+
+
+@pytest.mark.eager
+def test_a_channel_added_after_a_run_ended_does_not_announce_that_end(
+    project: Project,
+    run: Run,
+    mailbox: Mailbox,
+    sink: HttpSink,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A run that ended before any channel existed got its "finished" note when an email
+    channel was added, and a webhook added later got three old notes: the sweep, which looks
+    again at every run ended in the last hour in case its dispatch was lost, dispatched those
+    endings to the channels that were new since. A channel carries events from its creation on."""
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.FINISHED, ended_at=timezone.now())
+    assert Notification.objects.get(kind="finished").reason == services.NO_CHANNEL
+
+    services.channel_create(
+        project=project, kind=Channel.Kind.EMAIL, name="leads", target="lead@example.com"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+    assert mailbox.messages == []
+
+    # Three runs end while the email channel exists; a webhook is added; the sweep comes by.
+    ended = []
+    for i in range(3):
+        other = Run.objects.create(project=project, public_id=f"r{i}", last_step=100)
+        with django_capture_on_commit_callbacks(execute=True):
+            run_finish(run=other, status=Run.Status.FINISHED, ended_at=timezone.now())
+        ended.append(other)
+    assert len(mailbox.messages) == 3
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.sweep_alerts()
+    assert sink.to("/hook") == []
+    assert len(mailbox.messages) == 3
+
+    # What ends from now on goes to both.
+    later = Run.objects.create(project=project, public_id="later", last_step=100)
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=later, status=Run.Status.FINISHED, ended_at=timezone.now())
+    assert len(sink.to("/hook")) == 1 and len(mailbox.messages) == 4
+
+
+def test_the_sweep_still_dispatches_an_ending_whose_task_was_lost(
+    project: Project, run: Run, channels: Any
+) -> None:
+    # The guard above must not stop what the sweep is for: an ending nobody dispatched yet.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, ended_at=timezone.now())
+    services.alerts_sweep()
+    assert Notification.objects.filter(run=run).count() == 2
+
+
+@pytest.mark.eager
+def test_a_reported_crash_is_announced_as_a_crash_not_a_failed_ending(
+    project: Project,
+    run: Run,
+    sink: HttpSink,
+    mailbox: Mailbox,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # A crash came as "failed ended" in the history and as webhook event `failed.ended`.
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(run=run, status=Run.Status.CRASHED, ended_at=timezone.now())
+
+    (request,) = sink.to("/hook")
+    assert request.headers["x-runcast-event"] == "crashed.ended"
+    body = request.json()
+    # What happened is the kind; the rule that sent it is still the one for failures and crashes.
+    assert (body["kind"], body["event"], body["rule"]) == ("crashed", "ended", "failed")
+    assert body["severity"] == "critical"
+    assert body["headline"].startswith("pretrain-3.0 crashed at step 812,400")
+
+    # A failure and a finish keep the names the docs promised.
+    for public_id, status in (("f", Run.Status.FAILED), ("ok", Run.Status.FINISHED)):
+        other = Run.objects.create(project=project, public_id=public_id, last_step=10)
+        with django_capture_on_commit_callbacks(execute=True):
+            run_finish(run=other, status=status, ended_at=timezone.now())
+    events = [r.headers["x-runcast-event"] for r in sink.to("/hook")]
+    assert events == ["crashed.ended", "failed.ended", "finished.ended"]
+
+
+def test_a_flag_closed_by_the_run_end_says_so_only_where_the_end_is_announced(
+    run: Run, channels: Any
+) -> None:
+    # "closed by the run's end: the run-end message says so" was the note whatever the rule for
+    # the ending: with that rule muted (or sending elsewhere) no message said how the run ended.
+    email, slack = channels
+    flag_raise(run, "nan", created_at=timezone.now() - timedelta(minutes=5))
+    services.flags_dispatch()
+    Notification.objects.update(status=S.SENT, tries=1)
+    services.rule_update(
+        project=run.project,
+        kind="failed",
+        severity="critical",
+        threshold=None,
+        channels=[email],
+        muted=False,
+        cooldown=timedelta(hours=1),
+    )
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED, ended_at=timezone.now())
+    flag_raise(run, "nan", state="resolved", data={"closed_by_run_end": True, "reason": "x"})
+    services.flags_dispatch()
+    notes = {n.channel: n.reason for n in Notification.objects.filter(event="resolved")}
+    assert notes[email] == "closed by the run's end: the run-end message says so"
+    assert notes[slack] == (
+        "closed by the run's end; the rule for run endings does not send to this channel"
+    )
+
+
+def test_a_retry_sends_what_the_first_try_sent_though_the_run_moved_on(
+    project: Project, run: Run, sink: HttpSink
+) -> None:
+    # A message was rendered at each try from the run as it then stood: a crash whose first
+    # try failed, retried after the run had resumed, went out as "pretrain-3.0 running ...".
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    sink.script("/hook", (500, "busy"))
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.CRASHED, ended_at=timezone.now(), last_step=10_200
+    )
+    (n,) = services.run_end_dispatch(run_id=run.pk)
+    assert services.notification_deliver(notification_id=n.pk) is not None  # will retry
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.RUNNING, ended_at=None, last_step=11_445, current_segment=2
+    )
+    services.notification_deliver(notification_id=n.pk, now=timezone.now() + timedelta(hours=1))
+
+    first, retry = (r.json() for r in sink.to("/hook"))
+    assert first["headline"].startswith("pretrain-3.0 crashed at step 10,200 of 1,000,000")
+    assert retry == first
+    n.refresh_from_db()
+    assert n.status == S.SENT
+
+
+def _deadline_flag(run: Run, p: float, state: str, minutes_ago: float) -> Flag:
+    return flag_raise(
+        run,
+        "deadline",
+        state=state,
+        severity=1.0 - p,
+        onset_step=None,
+        explanation=f"{p:.0%} likely on time",
+        data={"p_on_time": p},
+        created_at=timezone.now() - timedelta(minutes=minutes_ago),
+    )
+
+
+def test_a_deadline_that_falls_a_band_goes_out_through_the_cooldown(
+    run: Run, channels: Any
+) -> None:
+    # The odds fell from 44% to 0% two minutes after the alert at 44%: held by the hour's
+    # cooldown, so the lead's last word was "44% chance" for a run that then missed.
+    _deadline_flag(run, 0.44, Flag.State.RAISED, minutes_ago=3)
+    services.flags_dispatch()
+    Notification.objects.update(status=S.SENT, tries=1)
+    _deadline_flag(run, 0.0, Flag.State.UPDATED, minutes_ago=1)
+    services.flags_dispatch()
+
+    update = Notification.objects.filter(event="updated")
+    assert {n.status for n in update} == {S.PENDING}
+    # The same band again inside the cooldown is a repeat, held as before.
+    Notification.objects.update(status=S.SENT, tries=1)
+    _deadline_flag(run, 0.004, Flag.State.UPDATED, minutes_ago=0)
+    services.flags_dispatch()
+    last = Notification.objects.filter(flag__data__p_on_time=0.004)
+    assert {n.status for n in last} == {S.SUPPRESSED}
+    assert all(n.reason.startswith("cooldown: ") for n in last)
+
+
+def test_a_wobbling_deadline_replayed_sends_the_raise_and_the_fall(
+    project: Project, sink: HttpSink, no_default_slack: None
+) -> None:
+    """The issue's four minutes of odds (20 -> 42 -> 22 -> 31 -> 21 -> 27 -> 13 -> 27 -> 1 ->
+    9 -> 0%) through the hysteresis, the flag writer, the dispatcher and a webhook: the lead
+    hears of the raise and of the fall to 1%, nothing of the wobble."""
+    from tests.forecasting.test_hysteresis import WOBBLE, _odds, sync
+    from tests.forecasting.test_services import at, make_run
+
+    services.channel_create(
+        project=project, kind=Channel.Kind.WEBHOOK, name="hook", target=sink.url("/hook")
+    )
+    run = make_run(project)
+    Run.objects.filter(pk=run.pk).update(started_at=at(0))
+    run.refresh_from_db()
+    t = 1000.0
+    for p in (0.20,) * 4 + WOBBLE:
+        sync(run, _odds(run, t, p), t)
+        services.flags_dispatch()
+        for pk in services.notifications_due():
+            services.notification_deliver(notification_id=pk)
+        t += 24.0
+
+    sent = [r.json() for r in sink.to("/hook")]
+    assert [(b["event"], b["data"]["p_on_time"]) for b in sent] == [
+        ("raised", 0.20),
+        ("updated", 0.008),
+    ]
+    assert "1% chance to make it" in sent[1]["headline"]
+    # ... and the history holds those two, not ten "no worse" or "cooldown" rows beside them.
+    assert Notification.objects.filter(run=run).count() == 2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from django.test import Client
 
 from alerts import services
 from alerts.models import Channel, Notification, Rule
-from tests.alerts.fixtures import HttpSink, Trickler, flag_raise
+from tests.alerts.fixtures import HttpSink, Mailbox, Trickler, flag_raise
 from tracker.models import Run
 
 READ = {"owner": 200, "member": 200, "viewer": 200, "outsider": 404}
@@ -390,20 +392,53 @@ def test_the_rules_list_shows_each_threshold_in_force(
     assert "3.0" in row and "hours the P50 finish must have slipped" in row
 
 
-def test_a_run_end_row_keeps_saying_how_that_attempt_ended_after_a_resume(
-    client: Client, viewer: User, run: Run
+@pytest.mark.eager
+def test_a_run_end_row_keeps_saying_what_was_sent_after_a_resume(
+    client: Client,
+    viewer: User,
+    run: Run,
+    mailbox: Mailbox,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     # The demo drill crashed, then resumed from its checkpoint: its "failed" row then read
-    # "<run> running at step 11,445 of 20,000", the run's state now, not the ending it records.
+    # "<run> running at step 11,445 of 20,000", the run's state now, not the ending it records;
+    # then only "<run> crashed", no longer what the email had said ("crashed at step 10,200 of
+    # 20,000 after 5 min"). The row shows the message as it was sent.
     from django.utils import timezone
 
-    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_085
-    run.save(update_fields=["status", "ended_at", "last_step"])
-    services.run_end_dispatch(run_id=run.id)
+    services.channel_create(
+        project=run.project, kind=Channel.Kind.EMAIL, name="leads", target="lead@example.com"
+    )
+    run.status, run.ended_at, run.last_step = Run.Status.CRASHED, timezone.now(), 10_200
+    run.total_steps = 20_000
+    run.started_at = run.ended_at - timedelta(minutes=5)
+    run.save(update_fields=["status", "ended_at", "last_step", "total_steps", "started_at"])
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_end_dispatch(run_id=run.id)
+    (email,) = mailbox.messages
+    sent = email["Subject"].removeprefix("[Runcast CRITICAL] ")
+    assert sent.startswith(f"{run} crashed at step 10,200 of 20,000 after 5 min")
+
     run.status, run.ended_at, run.last_step = Run.Status.RUNNING, None, 11_445
     run.current_segment += 1
     run.save(update_fields=["status", "ended_at", "last_step", "current_segment"])
     client.force_login(viewer)
+    for url in ("/projects/llm/alerts/", f"/runs/llm/{run.public_id}/alerts/"):
+        page = html.unescape(client.get(url).content.decode())
+        assert sent in page
+        assert "running at step" not in page and "11,445" not in page
+
+
+def test_the_history_names_a_crash_a_crash(client: Client, viewer: User, run: Run) -> None:
+    # The history's "What" read "failed ended" for a run the client reported crashed.
+    from django.utils import timezone
+
+    run.status, run.ended_at = Run.Status.CRASHED, timezone.now()
+    run.save(update_fields=["status", "ended_at"])
+    services.run_end_dispatch(run_id=run.id)
+    client.force_login(viewer)
     page = client.get("/projects/llm/alerts/").content.decode()
-    assert f"{run} crashed" in page
-    assert "running at step" not in page and "11,445" not in page
+    row = next(r for r in page.split("<tr") if "pretrain-3.0 crashed" in r)
+    what = row.split("<td>")[3]
+    assert what.startswith("run crashed "), what
+    assert "failed ended" not in page

@@ -386,3 +386,48 @@ def test_a_flag_that_just_resolved_needs_four_windows_to_come_back(project):
         open_flags = sync(run, [RISE], t)
         t += 15
     assert "rise" in open_flags
+
+
+# A short run's deadline odds over four minutes, each a new progress report (issue 23): every
+# band crossing wrote an "updated" row, ten in all. "1%" and "0%" as the page printed them.
+WOBBLE = (0.42, 0.22, 0.31, 0.21, 0.27, 0.13, 0.27, 0.008, 0.09, 0.002)
+
+
+def _replay(run: Run, odds: tuple[float, ...], t: float, every_s: float = 24.0) -> float:
+    for p in odds:
+        sync(run, _odds(run, t, p), t)
+        t += every_s
+    return t
+
+
+def test_a_wobbling_deadline_writes_only_the_changes_a_lead_acts_on(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = _replay(run, (0.20,) * 4, 1000.0)  # the raise, held over its window
+    _replay(run, WOBBLE, t)
+
+    rows = Flag.objects.filter(run=run, kind="deadline").order_by("id")
+    # The climbs back to 22-42% never held a window: not news. The fall to 1% is, at once.
+    assert [(f.state, f.data["p_on_time"]) for f in rows] == [
+        ("raised", 0.20),
+        ("updated", 0.008),
+    ]
+
+
+def test_a_better_band_of_odds_is_written_once_it_has_held(project):
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    t = _replay(run, (0.20,) * 4, 1000.0)
+    t = _replay(run, (0.55, 0.58), t)  # two computations: not yet a window's worth
+    assert Flag.objects.filter(run=run, kind="deadline").count() == 1
+    t = _replay(run, (0.60,), t)  # three over the window, on new reports: held
+    rows = Flag.objects.filter(run=run, kind="deadline").order_by("id")
+    assert [(f.state, f.data["p_on_time"]) for f in rows] == [
+        ("raised", 0.20),
+        ("updated", 0.60),
+    ]
+    # Worse again is written at once, against the band the flag last wrote (50-75%).
+    _replay(run, (0.40,), t)
+    assert Flag.objects.filter(run=run, kind="deadline").latest("id").data["p_on_time"] == 0.40
