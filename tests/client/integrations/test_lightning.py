@@ -32,16 +32,18 @@ def test_the_lightning_example_logs_a_forecast_run(example_env, tmp_path: Path) 
     assert run.config["trainer"]["max_epochs"] == 1
 
     loss = selectors.series_load(run=run, key="loss")
-    assert list(loss.steps) == list(range(40))
+    assert list(loss.steps) == list(range(1, 41))  # global_step after each update
+    run.refresh_from_db()
+    assert run.last_step == run.total_steps == 40 and run.progress == 1.0  # not 39 of 40
     assert np.all(np.isfinite(loss.values)) and loss.values[-5:].mean() < loss.values[:5].mean()
     assert len(selectors.series_load(run=run, key="lr")) == 40
-    assert list(selectors.series_load(run=run, key="val_loss").steps) == [19, 39]
+    assert list(selectors.series_load(run=run, key="val_loss").steps) == [20, 40]
 
     keys = set(selectors.series_keys(run=run))
     assert {k for k in keys if k.startswith("grad_norm/")} == LAYERS
     for key in LAYERS:
         norms = selectors.series_load(run=run, key=key)
-        assert list(norms.steps) == list(range(0, 40, 5))
+        assert list(norms.steps) == list(range(5, 41, 5))
         assert np.all(norms.values > 0)
 
     checkpoints = Event.objects.filter(run=run, kind=Event.Kind.CHECKPOINT).order_by("step")
