@@ -6,6 +6,7 @@ Needs ``lightning`` (``pip install 'runcast[lightning]'``). What goes to Runcast
   ``trainer.global_step`` after the batch's optimizer step (as the HF Trainer's
   ``global_step``), so the last batch of a complete run lands on the planned total;
 * hyperparameters (``save_hyperparameters()``, the datamodule's) as the run's config;
+* the world size: ``trainer.world_size`` (devices x nodes; 1 on one device);
 * the planned total: ``trainer.max_steps`` when set, else ``trainer.estimated_stepping_batches``
   (epochs x batches / accumulation), so the server can forecast the finish;
 * every checkpoint ``ModelCheckpoint`` saves, as a ``checkpoint`` event with its step and path
@@ -217,6 +218,11 @@ class RuncastLogger(Logger):
             config = dict(self._config)
             if self._trainer is not None:
                 config.setdefault("trainer", _trainer_config(self._trainer))
+            kwargs = dict(self._init_kwargs)
+            if self._trainer is not None:
+                # The trainer knows its processes (devices x nodes) before any process group
+                # exists, and on one device no launcher sets WORLD_SIZE: the cost needs it.
+                kwargs.setdefault("world_size", self._trainer.world_size)
             self._run = runcast.init(
                 project=self._project,
                 name=self._name,
@@ -225,7 +231,7 @@ class RuncastLogger(Logger):
                 config=config,
                 deadline=self._deadline,
                 tags=self._tags,
-                **self._init_kwargs,
+                **kwargs,
             )
         # After finish() the run itself ignores log() / event() with one warning, and still
         # answers id / url.

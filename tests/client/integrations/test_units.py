@@ -191,3 +191,46 @@ def test_lightning_logs_each_batch_at_the_optimizer_steps_taken_after_it(
     assert sorted(s for s, _ in run.points["grad_norm/layer"]) == [4, 8]
     checkpoints = [e["step"] for e in run.events if e["kind"] == "checkpoint"]
     assert checkpoints == [4, 8]
+
+
+def test_lightning_sends_the_trainers_world_size(server, make_settings, tmp_path):
+    # One CPU device: no launcher sets WORLD_SIZE, but the trainer knows it runs 1 process.
+    pl = pytest.importorskip("lightning.pytorch")
+    from runcast.integrations.lightning import RuncastLogger
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = RuncastLogger(project="p", settings=make_settings(server.url))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)), 2)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Tiny(), data)
+    assert server.run(logger.version).body["world_size"] == 1
+
+
+def test_transformers_callback_sends_the_trainers_world_size(server, make_settings):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from runcast.integrations.transformers import RuncastCallback
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    cb = RuncastCallback(project="p", settings=make_settings(server.url))
+    args = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    cb.on_train_begin(args, TrainerState(max_steps=10), TrainerControl())
+    cb.run.finish()
+    assert server.run(cb.run.id).body["world_size"] == 1
