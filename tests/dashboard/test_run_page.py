@@ -65,6 +65,17 @@ def test_run_page_answers_finish_loss_and_cost(client, member, run):
     assert "GPU·h on 8 GPUs" in html
 
 
+def test_run_page_prices_a_run_without_a_world_size_as_one_process_and_says_so(
+    client, member, project
+):
+    make_run(project, "solo", points=200, world_size=None)
+    client.force_login(member)
+    html = client.get("/runs/llm/solo/summary/").content.decode()
+    cost = html.split("<h4>Cost</h4>")[1].split('<div class="card">')[0]
+    assert "on 1 process (assumed: the run did not report its world size)" in cost
+    assert '<div class="big muted">\N{EN DASH}</div>' not in cost
+
+
 def test_a_finished_run_says_what_loss_it_ended_at(
     client, member, project, django_assert_max_num_queries
 ):
