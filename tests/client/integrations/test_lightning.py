@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,12 @@ LAYERS = {f"grad_norm/{k}" for k in ("wte", "wpe", "h.0", "h.1", "ln_f")}
 
 
 def test_the_lightning_example_logs_a_forecast_run(example_env, tmp_path: Path) -> None:
-    out = run_example("lightning_example.py", example_env(), tmp_path)
+    cwd, temp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    temp.mkdir()
+    out = run_example("lightning_example.py", example_env(TMPDIR=str(temp)), cwd)
+    assert list(cwd.iterdir()) == []  # checkpoints go to a temp dir, not the working tree
+    assert f"checkpoints in: {temp}{os.sep}runcast-" in out
     run = Run.objects.get(name="tiny-gpt-lightning")
     assert f"run: {run.public_id} " in out
     assert run.status == "finished"
@@ -50,6 +56,7 @@ def test_the_lightning_example_logs_a_forecast_run(example_env, tmp_path: Path) 
     assert [c.step for c in checkpoints] == [10, 20, 30, 40]
     for c in checkpoints:
         assert Path(c.payload["path"]).is_file()  # the file ModelCheckpoint wrote
+        assert Path(c.payload["path"]).is_relative_to(temp)  # in the folder it printed
         assert run.public_id in c.payload["path"]  # Lightning's folder is named for the run
 
     assert Forecast.objects.filter(run=run, kind=Forecast.Kind.ETA).exists()
