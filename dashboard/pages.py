@@ -7,8 +7,9 @@ Layout (where bars and ticks sit) is in dashboard.presenters; this module decide
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +69,17 @@ class RunPage:
     final_loss: tuple[float, float] | None = None
     # What its loss episode said when the run ended inside one ("... never recovered").
     episode_end: str | None = None
+    # The run's config as (dotted key, value) rows (config_rows).
+    config: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def config_shown(self) -> list[tuple[str, str]]:
+        return self.config[:CONFIG_ROWS_SHOWN]
+
+    @property
+    def config_more(self) -> list[tuple[str, str]]:
+        """The rows past CONFIG_ROWS_SHOWN: the page folds them away."""
+        return self.config[CONFIG_ROWS_SHOWN:]
 
     @property
     def other_key(self) -> str | None:
@@ -97,7 +109,36 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         has_ranks=rank_timings.has_rank_timings(run=run),
         final_loss=final,
         episode_end=ending,
+        config=config_rows(run.config),
     )
+
+
+# A framework's config is hundreds of keys (the HF callback sends every TrainingArguments field
+# and the model config): the page shows this many and folds the rest away.
+CONFIG_ROWS_SHOWN = 12
+
+
+def config_rows(config: Any) -> list[tuple[str, str]]:
+    """A run's config as (key, value) rows: nested mappings flattened with dotted keys
+    ("model.n_layer"), values as JSON (strings as they are), in the order the run sent them.
+    A nested dict printed whole was one row thousands of pixels tall."""
+    rows: list[tuple[str, str]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, str):
+            rows.append((prefix, value))
+        else:
+            rows.append((prefix, json.dumps(value, ensure_ascii=False, default=str)))
+
+    if isinstance(config, dict):
+        for key, value in config.items():
+            walk(str(key), value)
+    elif config:  # not a mapping (an old client's list, say): one row, as it is
+        walk("config", config)
+    return rows
 
 
 def run_overview(*, run: Run) -> dict[str, Any]:

@@ -410,3 +410,25 @@ def test_every_time_on_the_run_page_names_its_zone(diverged: Any) -> None:
     # And the chart's own times (Berlin here: GMT+1 in en-US).
     assert "GMT+1" in pg.inner_text("#info-eta")
     assert pg.evaluate("() => window.runcastCharts.eta.axes[0].label").endswith("(GMT+1)")
+
+
+def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, project: Any) -> None:
+    # The HF callback sends every TrainingArguments field and the model config: printed as one
+    # dict per row, the Config panel was ~3,000 px tall.
+    from tests.dashboard.test_run_page import hf_like_config
+
+    run = _diverged_run(project, timezone.now())
+    Run.objects.filter(pk=run.pk).update(config=hf_like_config())
+    pg = bare_page
+    _open_run(pg, run.public_id)
+    panel = pg.locator("section.panel", has=pg.locator("h3", has_text="Config"))
+    assert panel.bounding_box()["height"] < 700, panel.bounding_box()
+    key = panel.locator("th", has_text="model.task_specific_params.text-generation.max_length")
+    assert not key.is_visible()
+    panel.locator("details.config-more > summary").click()
+    assert key.is_visible()
+    # Unfolded, each row is one line or two: long keys wrap in their cell, not the page.
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 1600
+    rows = panel.locator("details.config-more tr")
+    assert max(rows.nth(i).bounding_box()["height"] for i in range(rows.count())) < 60
+    _shot(pg, "run-config")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
+from dashboard.pages import CONFIG_ROWS_SHOWN, config_rows
 from tests.dashboard.factories import (
     T0,
     ended_inside,
@@ -14,7 +15,7 @@ from tests.dashboard.factories import (
     forecast_set,
     make_run,
 )
-from tracker.models import Event
+from tracker.models import Event, Run
 from tracker.selectors import series_last, throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
@@ -355,3 +356,53 @@ def test_the_eta_history_mentions_a_cutoff_only_for_a_run_that_has_one(client, m
     client.force_login(member)
     assert "against the cutoff" not in client.get(f"/runs/{project.slug}/free/").content.decode()
     assert "against the cutoff" in client.get(f"/runs/{project.slug}/aimed/").content.decode()
+
+
+def hf_like_config() -> dict:
+    """The shape the HF callback sends: every TrainingArguments field and the model config."""
+    return {
+        "lr": 0.003,
+        # 110 fields with names and values as long as TrainingArguments' (16 characters on
+        # average; numbers, flags, strings).
+        "training_args": {
+            f"arg_{i:03d}_{'x' * (i % 20)}": [i * 0.5, i % 2 == 0, f"value-{i}"][i % 3]
+            for i in range(110)
+        },
+        "model": {
+            "n_layer": 2,
+            "architectures": ["GPT2LMHeadModel"],
+            "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+            "id2label": {},
+            "bos_token_id": None,
+            "name_or_path": "tiny-gpt",
+        },
+    }
+
+
+def test_config_rows_flatten_nested_mappings_with_dotted_keys() -> None:
+    rows = dict(config_rows(hf_like_config()))
+    assert rows["lr"] == "0.003"
+    assert (
+        rows["training_args.arg_001_x"] == "false" and rows["training_args.arg_002_xx"] == "value-2"
+    )
+    assert rows["model.n_layer"] == "2"
+    assert rows["model.task_specific_params.text-generation.do_sample"] == "true"
+    assert rows["model.architectures"] == '["GPT2LMHeadModel"]'
+    assert rows["model.id2label"] == "{}" and rows["model.bos_token_id"] == "null"
+    assert rows["model.name_or_path"] == "tiny-gpt"  # a string as it is, not '"tiny-gpt"'
+    assert len(rows) == 1 + 110 + 7
+    assert config_rows([1, 2]) == [("config", "[1, 2]")] and config_rows({}) == []
+
+
+def test_run_page_shows_the_config_as_rows_and_folds_the_long_tail(client, member, project):
+    run = make_run(project, "hf", points=10)
+    Run.objects.filter(pk=run.pk).update(config=hf_like_config())
+    client.force_login(member)
+    html = client.get("/runs/llm/hf/").content.decode()
+    panel = html.split("<h3>Config</h3>")[1].split("</section>")[0]
+    shown, _, folded = panel.partition('<details class="config-more">')
+    assert "<th>lr</th><td><code>0.003</code>" in shown
+    assert "<th>training_args.arg_000_</th>" in shown and "training_args.arg_050" not in shown
+    assert f"<summary>{118 - CONFIG_ROWS_SHOWN} more config keys</summary>" in folded
+    assert "<th>model.task_specific_params.text-generation.max_length</th>" in folded
+    assert "{&#x27;" not in panel  # no dict printed whole
