@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -83,8 +84,10 @@ class RunPage:
 
     @property
     def other_key(self) -> str | None:
-        """The metric the "other metrics" chart opens on: the first that is not the loss."""
-        return next((k for k in self.keys if k != self.loss_key), self.loss_key)
+        """The metric the "other metrics" chart opens on: the most telling one besides the
+        loss (other_metric_rank), the first in key order among equals."""
+        others = [k for k in self.keys if k != self.loss_key]
+        return min(others, key=other_metric_rank) if others else self.loss_key
 
 
 def run_page(*, run: Run, now: datetime) -> RunPage:
@@ -111,6 +114,40 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         episode_end=ending,
         config=config_rows(run.config),
     )
+
+
+# What the "Other metrics" chart opens on, best first: a held-out loss, throughput, the total
+# gradient norm, a layer's. Counters ("epoch", "step") and schedules ("lr") come last: keys sort
+# alphabetically, and the HF callback's first, "epoch", is a flat ramp that says nothing.
+_HELD_OUT_LOSS = re.compile(r"(val|valid|validation|eval|test)[_/.-]?loss")
+_THROUGHPUT = re.compile(
+    r"throughput|per[_-]?sec(ond)?|/s(ec)?$|tok(en)?s?[_/]s$|samples?[_/]s$|it[_/]s$|mfu"
+)
+_COUNTER = re.compile(
+    r"epoch|step|global_step|iter(ation)?|batch(_idx)?|(consumed_|seen_)?(samples|tokens)"
+    r"(_seen|_consumed)?|time|timestamp|runtime|progress"
+)
+_SCHEDULE = re.compile(r"lr|learning_rate|lr[-_].*|.*[-_]lr|momentum|beta\d?|weight_decay")
+
+
+def other_metric_rank(key: str) -> int:
+    """0 (show first) to 6 (a counter): see the patterns above. A key is judged by its last
+    path part too ("trainer/global_step", "lr/pg0" is judged by "lr" via its first part)."""
+    name = key.lower()
+    last, first = name.rsplit("/", 1)[-1], name.split("/", 1)[0]
+    if _HELD_OUT_LOSS.fullmatch(name) or _HELD_OUT_LOSS.fullmatch(last):
+        return 0
+    if _THROUGHPUT.search(name):
+        return 1
+    if name == "grad_norm" or last == "grad_norm":
+        return 2
+    if first == "grad_norm":
+        return 3
+    if _COUNTER.fullmatch(last):
+        return 6
+    if _SCHEDULE.fullmatch(last) or _SCHEDULE.fullmatch(first):
+        return 5
+    return 4
 
 
 # A framework's config is hundreds of keys (the HF callback sends every TrainingArguments field

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from dashboard.pages import CONFIG_ROWS_SHOWN, config_rows
+from dashboard.pages import CONFIG_ROWS_SHOWN, RunPage, config_rows
 from tests.dashboard.factories import (
     T0,
     ended_inside,
@@ -16,7 +16,7 @@ from tests.dashboard.factories import (
     make_run,
 )
 from tracker.models import Event, Run
-from tracker.selectors import series_last, throughput_view
+from tracker.selectors import loss_key_for, series_last, throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
 pytestmark = pytest.mark.django_db
@@ -406,3 +406,43 @@ def test_run_page_shows_the_config_as_rows_and_folds_the_long_tail(client, membe
     assert f"<summary>{118 - CONFIG_ROWS_SHOWN} more config keys</summary>" in folded
     assert "<th>model.task_specific_params.text-generation.max_length</th>" in folded
     assert "{&#x27;" not in panel  # no dict printed whole
+
+
+def page_with_keys(keys: list[str]) -> RunPage:
+    return RunPage(outlook=None, flag_history=[], loss_key=loss_key_for(keys), keys=sorted(keys))
+
+
+@pytest.mark.parametrize(
+    ("keys", "opens_on"),
+    [
+        # The HF callback's keys: "epoch" sorts first and is a flat ramp; the eval loss says more.
+        (["epoch", "eval_loss", "grad_norm", "loss", "lr"], "eval_loss"),
+        (["epoch", "grad_norm", "loss", "lr"], "grad_norm"),
+        (["epoch", "grad_norm", "loss", "lr", "tokens_per_sec"], "tokens_per_sec"),
+        (["epoch", "grad_norm/h.0", "grad_norm/wte", "loss", "lr-AdamW"], "grad_norm/h.0"),
+        (["epoch", "gpu/util", "loss", "lr", "trainer/global_step"], "gpu/util"),
+        (["epoch", "loss", "lr", "step"], "lr"),  # a schedule at least moves
+        (["epoch", "loss"], "epoch"),
+        (["loss"], "loss"),
+        (["val_loss"], "val_loss"),  # the only loss is the loss chart's; nothing else to show
+    ],
+)
+def test_other_metrics_open_on_a_telling_series_not_a_counter(keys, opens_on) -> None:
+    assert page_with_keys(keys).other_key == opens_on
+
+
+def test_the_run_page_selects_that_series(client, member, project):
+    run = make_run(project, "hf", points=10)
+    for key in ("epoch", "eval_loss"):
+        batch_ingest(
+            run=run,
+            session="s",
+            seq=100 + len(key),
+            series=[SeriesIn(key, np.arange(3), np.ones(3), T0 + np.arange(3.0))],
+            events=[],
+            heartbeat=from_epoch(T0 + 3),
+        )
+    client.force_login(member)
+    html = client.get("/runs/llm/hf/").content.decode()
+    assert '<option value="eval_loss" selected>' in html
+    assert '<option value="epoch">' in html
