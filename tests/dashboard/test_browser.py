@@ -161,18 +161,6 @@ BOARD_CROWDING_JS = """() => {
 }"""
 
 
-def test_the_board_stays_readable_at_800px(page: Any) -> None:
-    # At 800 px the demo board cut its on-time chance to "8…" and piled the day ticks on each
-    # other ("Fri, Dec 4Sat, Dec 5Sun, ..."): the lane scrolls sideways instead of squeezing.
-    pg = page
-    pg.set_viewport_size({"width": 800, "height": 1000})
-    pg.reload()
-    pg.wait_for_selector("section.lane")
-    assert pg.evaluate(BOARD_CROWDING_JS) == []
-    # Sideways scrolling is the lane's own, not the page's.
-    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 800
-
-
 def test_create_a_deadline_and_a_token(page: Any) -> None:
     pg = page
     pg.goto(f"{pg.base}/projects/llm/deadlines/new/")
@@ -432,3 +420,80 @@ def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, projec
     rows = panel.locator("details.config-more tr")
     assert max(rows.nth(i).bounding_box()["height"] for i in range(rows.count())) < 60
     _shot(pg, "run-config")
+
+
+# The board's columns, in order (a lane without a cutoff leaves "On time" unheaded).
+COLUMNS = ["Run", "timeline", "On time", "Finish", "Progress", "Throughput", "Loss", "Flags"]
+COLUMNS.append("Cost")
+# Each board row's cells: its column, where it sits, and whether its text is cut (content
+# wider than the cell, or a name clamped).
+BOARD_CELLS_JS = """(columns) => [...document.querySelectorAll(".lane-table")].map((t) => {
+  return [...t.querySelectorAll("tbody tr")].map((tr) => [...tr.children].map((td, i) => {
+    const r = td.getBoundingClientRect(), a = td.querySelector(".run-cell a");
+    return {
+      col: columns[i], left: r.left, right: r.right, width: r.width,
+      shown: getComputedStyle(td).display !== "none" && r.width > 0,
+      cut: td.scrollWidth > td.clientWidth + 1 || (a ? a.scrollHeight > a.clientHeight + 1 : false),
+      text: td.innerText.replace(/\\s+/g, " ").slice(0, 60),
+    };
+  }));
+}).flat()"""
+
+IMPORTANT = ("Run", "On time", "Finish", "Throughput", "Loss", "Flags", "Cost")
+
+
+def _board_at(pg: Any, width: int) -> list[list[dict[str, Any]]]:
+    pg.set_viewport_size({"width": width, "height": 1000})
+    pg.reload()
+    pg.wait_for_selector("section.lane")
+    return pg.evaluate(BOARD_CELLS_JS, COLUMNS)
+
+
+@pytest.fixture
+def demo_named(page: Any) -> Any:
+    """The seeded board with the demo's own run names (demo/replay.py), long as they are."""
+    from demo.replay import PLANS as DEMO
+    from tests.dashboard.realistic import PLANS
+
+    for ours, demo in zip(PLANS, DEMO, strict=True):
+        Run.objects.filter(public_id=ours.run_id).update(name=demo.name)
+    return page
+
+
+@pytest.mark.parametrize("width", [800, 1000, 1250])
+def test_the_boards_important_columns_fit_a_narrow_window(demo_named: Any, width: int) -> None:
+    # At 800 px each lane scrolled sideways on its own, with Throughput, Loss, Flags and Cost
+    # off-screen: the less important columns give way instead (the timeline, then Progress,
+    # which stacks under the name). Squeezing them instead had cut the on-time chance to "8…"
+    # and piled the day ticks on each other ("Fri, Dec 4Sat, Dec 5Sun, ...").
+    pg = demo_named
+    rows = _board_at(pg, width)
+    _shot(pg, f"board-{width}")
+    assert rows
+    for row in rows:
+        shown = {c["col"]: c for c in row if c["shown"]}
+        for col in IMPORTANT:
+            cell = shown.get(col)
+            assert cell is not None, (col, row)
+            assert cell["left"] >= 0 and cell["right"] <= width, cell
+            assert cell["width"] >= 48, cell
+    lanes = pg.evaluate(
+        "() => [...document.querySelectorAll('section.lane')]"
+        ".map((l) => l.scrollWidth - l.clientWidth)"
+    )
+    assert max(lanes) <= 1, lanes  # no lane scrolls sideways
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= width
+    assert pg.evaluate(BOARD_CROWDING_JS) == []
+
+
+def test_the_board_gives_run_names_the_room_a_wide_window_has(demo_named: Any) -> None:
+    # At 1,400 px "DeepSeek-V3 proxy convergence (Megatron, H100)" was cut to "DeepSeek-V3 pr…"
+    # with room to spare in the row.
+    pg = demo_named
+    rows = _board_at(pg, 1400)
+    _shot(pg, "board-1400")
+    for row in rows:
+        name = next(c for c in row if c["col"] == "Run")
+        assert not name["cut"], name
+        shown = [c["col"] for c in row if c["shown"]]
+        assert "timeline" in shown and "Progress" in shown, shown  # everything, when it fits
