@@ -36,6 +36,7 @@ def test_the_lightning_example_logs_a_forecast_run(example_env, tmp_path: Path) 
     assert run.total_steps == 40  # 1 epoch x 40 batches, from trainer.estimated_stepping_batches
     assert run.config["lr"] == 0.003 and run.config["n_layer"] == 2
     assert run.config["trainer"]["max_epochs"] == 1
+    assert run.world_size == 1  # one process, said by the trainer (no launcher set WORLD_SIZE)
 
     loss = selectors.series_load(run=run, key="loss")
     assert list(loss.steps) == list(range(1, 41))  # global_step after each update

@@ -34,6 +34,7 @@ def test_the_transformers_example_logs_a_forecast_run(example_env, tmp_path: Pat
     assert f"run: {run.public_id} " in out
     assert run.status == "finished"
     assert run.total_steps == 40  # TrainingArguments.max_steps
+    assert run.world_size == 1  # one process, said by the trainer (no launcher set WORLD_SIZE)
     assert run.config["training_args"]["learning_rate"] == 0.003
     assert run.config["model"]["n_layer"] == 2
 
