@@ -6,6 +6,7 @@ also replace docs/screenshots/board.png and run.png.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import re
@@ -452,10 +453,11 @@ def _board_at(pg: Any, width: int) -> list[list[dict[str, Any]]]:
 @pytest.fixture
 def demo_named(page: Any) -> Any:
     """The seeded board with the demo's own run names (demo/replay.py), long as they are."""
-    from demo.replay import PLANS as DEMO
     from tests.dashboard.realistic import PLANS
 
-    for ours, demo in zip(PLANS, DEMO, strict=True):
+    # demo/ is a folder of scripts, not a package mypy maps: imported by name at run time.
+    demo_plans = importlib.import_module("demo.replay").PLANS
+    for ours, demo in zip(PLANS, demo_plans, strict=True):
         Run.objects.filter(public_id=ours.run_id).update(name=demo.name)
     return page
 

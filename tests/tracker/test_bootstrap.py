@@ -124,7 +124,7 @@ def test_the_readme_says_how_to_get_an_administrator_in_the_embedded_mode(tmp_pa
         )
         assert done.returncode == 0, done.stderr[-3000:]
     assert "Log in at:  http://127.0.0.1:8000/login/" in done.stdout
-    username = re.search(r"^Username:\s+(\S+)$", done.stdout, flags=re.M)[1]
+    (username,) = re.findall(r"^Username:\s+(\S+)$", done.stdout, flags=re.M)
     with sqlite3.connect(tmp_path / "runcast.sqlite3") as db:
         flags = db.execute(
             "SELECT is_staff, is_superuser FROM auth_user WHERE username = ?", (username,)
