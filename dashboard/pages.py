@@ -157,8 +157,10 @@ CONFIG_ROWS_SHOWN = 12
 
 def config_rows(config: Any) -> list[tuple[str, str]]:
     """A run's config as (key, value) rows: nested mappings flattened with dotted keys
-    ("model.n_layer"), values as JSON (strings as they are), in the order the run sent them.
-    A nested dict printed whole was one row thousands of pixels tall."""
+    ("model.n_layer"), values as JSON (strings as they are). A nested dict printed whole was
+    one row thousands of pixels tall. Top-level settings first, then the nested ones, each
+    alphabetically: PostgreSQL's jsonb keeps no key order, so "as sent" is not an order the
+    page can keep."""
     rows: list[tuple[str, str]] = []
 
     def walk(prefix: str, value: Any) -> None:
@@ -175,7 +177,7 @@ def config_rows(config: Any) -> list[tuple[str, str]]:
             walk(str(key), value)
     elif config:  # not a mapping (an old client's list, say): one row, as it is
         walk("config", config)
-    return rows
+    return sorted(rows, key=lambda row: ("." in row[0], row[0]))
 
 
 def run_overview(*, run: Run) -> dict[str, Any]:

@@ -404,7 +404,7 @@ def test_every_time_on_the_run_page_names_its_zone(diverged: Any) -> None:
 def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, project: Any) -> None:
     # The HF callback sends every TrainingArguments field and the model config: printed as one
     # dict per row, the Config panel was ~3,000 px tall.
-    from tests.dashboard.test_run_page import hf_like_config
+    from tests.dashboard.test_run_page import LAST_CONFIG_KEY, hf_like_config
 
     run = _diverged_run(project, timezone.now())
     Run.objects.filter(pk=run.pk).update(config=hf_like_config())
@@ -412,7 +412,7 @@ def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, projec
     _open_run(pg, run.public_id)
     panel = pg.locator("section.panel", has=pg.locator("h3", has_text="Config"))
     assert panel.bounding_box()["height"] < 700, panel.bounding_box()
-    key = panel.locator("th", has_text="model.task_specific_params.text-generation.max_length")
+    key = panel.locator("th", has_text=LAST_CONFIG_KEY)
     assert not key.is_visible()
     panel.locator("details.config-more > summary").click()
     assert key.is_visible()

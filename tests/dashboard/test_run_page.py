@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from django.utils import timezone
@@ -379,6 +381,9 @@ def hf_like_config() -> dict:
     }
 
 
+LAST_CONFIG_KEY = "training_args.arg_109_" + "x" * 9
+
+
 def test_config_rows_flatten_nested_mappings_with_dotted_keys() -> None:
     rows = dict(config_rows(hf_like_config()))
     assert rows["lr"] == "0.003"
@@ -402,9 +407,15 @@ def test_run_page_shows_the_config_as_rows_and_folds_the_long_tail(client, membe
     panel = html.split("<h3>Config</h3>")[1].split("</section>")[0]
     shown, _, folded = panel.partition('<details class="config-more">')
     assert "<th>lr</th><td><code>0.003</code>" in shown
-    assert "<th>training_args.arg_000_</th>" in shown and "training_args.arg_050" not in shown
+    # The run's own top-level settings first, then each group, alphabetically (on any database).
+    keys = re.findall(r"<th>([^<]+)</th>", panel)
+    config_keys = keys[keys.index("lr") :]
+    assert config_keys == [k for k, _ in config_rows(hf_like_config())]
+    assert config_keys[:2] == ["lr", "model.architectures"]
+    assert "training_args.arg_050" not in shown
     assert f"<summary>{118 - CONFIG_ROWS_SHOWN} more config keys</summary>" in folded
-    assert "<th>model.task_specific_params.text-generation.max_length</th>" in folded
+    assert "<th>model.task_specific_params.text-generation.max_length</th>" in shown
+    assert f"<th>{LAST_CONFIG_KEY}</th>" in folded
     assert "{&#x27;" not in panel  # no dict printed whole
 
 
