@@ -223,14 +223,14 @@ def test_lightning_sends_the_trainers_world_size(server, make_settings, tmp_path
     assert server.run(logger.version).body["world_size"] == 1
 
 
-def test_transformers_callback_sends_the_trainers_world_size(server, make_settings):
+def test_transformers_callback_sends_the_trainers_world_size(server, make_settings, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from runcast.integrations.transformers import RuncastCallback
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     cb = RuncastCallback(project="p", settings=make_settings(server.url))
-    args = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     cb.on_train_begin(args, TrainerState(max_steps=10), TrainerControl())
     cb.run.finish()
     assert server.run(cb.run.id).body["world_size"] == 1
