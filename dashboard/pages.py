@@ -7,8 +7,10 @@ Layout (where bars and ticks sit) is in dashboard.presenters; this module decide
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -68,11 +70,24 @@ class RunPage:
     final_loss: tuple[float, float] | None = None
     # What its loss episode said when the run ended inside one ("... never recovered").
     episode_end: str | None = None
+    # The run's config as (dotted key, value) rows (config_rows).
+    config: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def config_shown(self) -> list[tuple[str, str]]:
+        return self.config[:CONFIG_ROWS_SHOWN]
+
+    @property
+    def config_more(self) -> list[tuple[str, str]]:
+        """The rows past CONFIG_ROWS_SHOWN: the page folds them away."""
+        return self.config[CONFIG_ROWS_SHOWN:]
 
     @property
     def other_key(self) -> str | None:
-        """The metric the "other metrics" chart opens on: the first that is not the loss."""
-        return next((k for k in self.keys if k != self.loss_key), self.loss_key)
+        """The metric the "other metrics" chart opens on: the most telling one besides the
+        loss (other_metric_rank), the first in key order among equals."""
+        others = [k for k in self.keys if k != self.loss_key]
+        return min(others, key=other_metric_rank) if others else self.loss_key
 
 
 def run_page(*, run: Run, now: datetime) -> RunPage:
@@ -97,7 +112,72 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         has_ranks=rank_timings.has_rank_timings(run=run),
         final_loss=final,
         episode_end=ending,
+        config=config_rows(run.config),
     )
+
+
+# What the "Other metrics" chart opens on, best first: a held-out loss, throughput, the total
+# gradient norm, a layer's. Counters ("epoch", "step") and schedules ("lr") come last: keys sort
+# alphabetically, and the HF callback's first, "epoch", is a flat ramp that says nothing.
+_HELD_OUT_LOSS = re.compile(r"(val|valid|validation|eval|test)[_/.-]?loss")
+_THROUGHPUT = re.compile(
+    r"throughput|per[_-]?sec(ond)?|/s(ec)?$|tok(en)?s?[_/]s$|samples?[_/]s$|it[_/]s$|mfu"
+)
+_COUNTER = re.compile(
+    r"epoch|step|global_step|iter(ation)?|batch(_idx)?|(consumed_|seen_)?(samples|tokens)"
+    r"(_seen|_consumed)?|time|timestamp|runtime|progress"
+)
+_SCHEDULE = re.compile(r"lr|learning_rate|lr[-_].*|.*[-_]lr|momentum|beta\d?|weight_decay")
+
+
+def other_metric_rank(key: str) -> int:
+    """0 (show first) to 6 (a counter): see the patterns above. A key is judged by its last
+    path part too ("trainer/global_step", "lr/pg0" is judged by "lr" via its first part)."""
+    name = key.lower()
+    last, first = name.rsplit("/", 1)[-1], name.split("/", 1)[0]
+    if _HELD_OUT_LOSS.fullmatch(name) or _HELD_OUT_LOSS.fullmatch(last):
+        return 0
+    if _THROUGHPUT.search(name):
+        return 1
+    if name == "grad_norm" or last == "grad_norm":
+        return 2
+    if first == "grad_norm":
+        return 3
+    if _COUNTER.fullmatch(last):
+        return 6
+    if _SCHEDULE.fullmatch(last) or _SCHEDULE.fullmatch(first):
+        return 5
+    return 4
+
+
+# A framework's config is hundreds of keys (the HF callback sends every TrainingArguments field
+# and the model config): the page shows this many and folds the rest away.
+CONFIG_ROWS_SHOWN = 12
+
+
+def config_rows(config: Any) -> list[tuple[str, str]]:
+    """A run's config as (key, value) rows: nested mappings flattened with dotted keys
+    ("model.n_layer"), values as JSON (strings as they are). A nested dict printed whole was
+    one row thousands of pixels tall. Top-level settings first, then the nested ones, each
+    alphabetically: PostgreSQL's jsonb keeps no key order, so "as sent" is not an order the
+    page can keep."""
+    rows: list[tuple[str, str]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, str):
+            rows.append((prefix, value))
+        else:
+            rows.append((prefix, json.dumps(value, ensure_ascii=False, default=str)))
+
+    if isinstance(config, dict):
+        for key, value in config.items():
+            walk(str(key), value)
+    elif config:  # not a mapping (an old client's list, say): one row, as it is
+        walk("config", config)
+    return sorted(rows, key=lambda row: ("." in row[0], row[0]))
 
 
 def run_overview(*, run: Run) -> dict[str, Any]:

@@ -207,3 +207,15 @@ def test_an_operator_can_add_an_owner_to_rescue_a_project(
     data = {"project": project.pk, "user": outsider.pk, "role": "owner"}
     assert superuser_client.post(url, data).status_code == 302
     assert Membership.objects.get(project=project, user=outsider).role == "owner"
+
+
+@pytest.mark.parametrize("url", ["/", "/projects/llm/settings/", "/account/password/"])
+def test_staff_see_a_link_to_the_admin_in_the_nav_and_others_do_not(
+    client: Client, owner: User, project: Project, url: str
+) -> None:
+    admin_link = f'<a class="nav-admin" href="{reverse("admin:index")}">Admin</a>'
+    client.force_login(owner)
+    assert admin_link not in client.get(url).content.decode()  # an owner is not staff
+    User.objects.filter(pk=owner.pk).update(is_staff=True)
+    nav = client.get(url).content.decode().split("<nav>")[1].split("</nav>")[0]
+    assert admin_link in nav

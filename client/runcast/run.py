@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time as _time
 import urllib.parse
@@ -415,8 +416,12 @@ def init(
     distributed job only rank 0 logs unless `all_ranks=True`; other ranks get a NoOpRun.
     `started_at` (epoch seconds) defaults to now; importers of old logs pass the original start.
 
-    Step timings (straggler detection): `rank` / `local_rank` default to RANK / LOCAL_RANK,
-    `host` to the host name. With `timings` unset they are on when the world size is over 1:
+    `rank` and `world_size` default to torch.distributed's group when the script has
+    initialised one, else to RANK / WORLD_SIZE; with none of them the run sends no world size
+    (the server then prices it as one process, and says so).
+
+    Step timings (straggler detection): `local_rank` defaults to LOCAL_RANK, `host` to the
+    host name. With `timings` unset they are on when the world size is over 1:
     ranks other than 0 then get a RankRun that sends only their timings to the same run, which
     needs an id every rank knows (`id`, RUNCAST_RUN_ID, or torchrun's TORCHELASTIC_RUN_ID).
     """
@@ -433,10 +438,12 @@ def init(
             f"run id {run_id[:80]!r} must be 1-64 characters of letters, digits, '_', '.' or '-'"
             " and start with a letter or digit"
         )
-    # The GPU count prices wasted compute; WORLD_SIZE is right for one process per GPU.
-    rank = _rank() if rank is None else rank
+    # The GPU count prices wasted compute; the world size is right for one process per GPU.
+    group = _process_group()
+    if rank is None:
+        rank = group[0] if group else _rank()
     if world_size is None:
-        world_size = _env_int("WORLD_SIZE")
+        world_size = group[1] if group else _env_int("WORLD_SIZE")
     if timings is None:
         wanted = os.environ.get("RUNCAST_TIMINGS", "").lower() not in _OFF
         timings = _many(world_size) and wanted
@@ -509,6 +516,22 @@ def _process_registration() -> dict[str, Any] | None:
 
 def _rank() -> int | None:
     return _env_int("RANK")
+
+
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world size) of torch.distributed's default group when this process has set one
+    up, else None. Launchers other than torchrun (mp.spawn, a hand-rolled init_process_group)
+    put no RANK / WORLD_SIZE in the environment; the group knows both. torch is only looked
+    at if the training script imported it: the client never imports it itself."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a torch build or backend that cannot answer: fall back to the env
+        logger.debug("runcast: could not read torch.distributed's group", exc_info=True)
+    return None
 
 
 def _many(world_size: Any) -> bool:

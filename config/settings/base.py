@@ -42,7 +42,10 @@ if not SECRET_KEY:
 DEBUG = env("DEBUG")
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
-SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000")
+# The embedded install serves on PORT (scripts/dev, docs/deployment.md); links and the login URL
+# runcast_bootstrap prints follow it unless SITE_URL names the public address.
+PORT = env.int("PORT", default=8000)
+SITE_URL = env.str("SITE_URL", default=f"http://127.0.0.1:{PORT}")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

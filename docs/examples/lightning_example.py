@@ -1,8 +1,11 @@
 """Train a tiny GPT with PyTorch Lightning and log it to Runcast.
 
+Needs: pip install 'runcast[lightning]' transformers  (the tiny GPT is a transformers GPT2Config)
 RUNCAST_URL, RUNCAST_TOKEN and RUNCAST_PROJECT come from the environment.
-Run: python docs/examples/lightning_example.py
+Run: python docs/examples/lightning_example.py [folder for checkpoints; default: a new temp dir]
 """
+
+import tempfile
 
 import lightning.pytorch as pl
 import torch
@@ -30,7 +33,8 @@ class TinyGPT(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
-def main() -> None:
+def main(root: str | None = None) -> None:
+    root = root or tempfile.mkdtemp(prefix="runcast-lightning-")  # not the working tree
     train = torch.utils.data.DataLoader(TokenDataset(8 * 40, seed=1), batch_size=8)
     val = torch.utils.data.DataLoader(TokenDataset(32, seed=2), batch_size=16)
     logger = RuncastLogger(name="tiny-gpt-lightning", grad_norms_every=5)
@@ -41,10 +45,14 @@ def main() -> None:
         val_check_interval=20,
         callbacks=[ModelCheckpoint(every_n_train_steps=10, save_top_k=-1)],
         enable_progress_bar=False,
+        default_root_dir=root,  # checkpoints: <root>/tiny-gpt-lightning/<run id>/checkpoints
     )
     trainer.fit(TinyGPT(), train, val)
     print("run:", logger.experiment.id, logger.experiment.url)
+    print("checkpoints in:", root)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(*sys.argv[1:])

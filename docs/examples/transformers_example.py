@@ -1,15 +1,19 @@
 """Train a tiny GPT with the Hugging Face Trainer and log it to Runcast.
 
+Needs: pip install 'runcast[transformers]'
 RUNCAST_URL, RUNCAST_TOKEN and RUNCAST_PROJECT come from the environment.
-Run: python docs/examples/transformers_example.py
+Run: python docs/examples/transformers_example.py [output folder; default: a new temp dir]
 """
+
+import tempfile
 
 from runcast.integrations.transformers import RuncastCallback
 from tiny_gpt import TokenDataset, tiny_gpt
 from transformers import Trainer, TrainingArguments
 
 
-def main(output_dir: str = "tiny-gpt-hf") -> None:
+def main(output_dir: str | None = None) -> None:
+    output_dir = output_dir or tempfile.mkdtemp(prefix="runcast-hf-")  # not the working tree
     args = TrainingArguments(
         output_dir=output_dir,
         run_name="tiny-gpt-hf",
@@ -36,6 +40,7 @@ def main(output_dir: str = "tiny-gpt-hf") -> None:
     )
     trainer.train()
     print("run:", callback.run.id, callback.run.url)
+    print("checkpoints in:", output_dir)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,22 @@
   let plot = null;
 
   // 1.0 (the median) is white; slower goes to red (saturating at +50%), faster to blue (-30%).
+  // What the slowest-ranks table rounds to +0% is the median's pace and gets no tint: a lone
+  // rank, or ranks all at one pace, are each their own median (1.0), not "slower".
   function colour(v) {
     if (v == null) return "rgba(200,200,205,0.5)";
+    if (pct(v) === 0) return "rgba(255,255,255,0)";
     if (v >= 1) {
       const a = Math.min(1, (v - 1) / 0.5);
       return "rgba(192,57,43," + (0.08 + 0.92 * a).toFixed(3) + ")";
     }
     const a = Math.min(1, (1 - v) / 0.3);
     return "rgba(31,78,140," + (0.08 + 0.7 * a).toFixed(3) + ")";
+  }
+
+  // A ratio to the median as the table says it: a whole percent over (+) or under (-).
+  function pct(ratio) {
+    return Math.round((ratio - 1) * 100) || 0; // never "-0"
   }
 
   function cells(d) {
@@ -72,13 +80,13 @@
     body.textContent = "";
     for (const s of d.slowest) {
       const tr = document.createElement("tr");
-      const pct = Math.round((s.ratio - 1) * 100);
-      for (const text of ["rank " + s.rank, s.host || "–", (pct >= 0 ? "+" : "") + pct + "%"]) {
+      const p = pct(s.ratio);
+      for (const text of ["rank " + s.rank, s.host || "–", (p >= 0 ? "+" : "") + p + "%"]) {
         const td = document.createElement("td");
         td.textContent = text;
         tr.appendChild(td);
       }
-      if (pct >= 15) tr.className = "neg";
+      if (p >= 15) tr.className = "neg";
       body.appendChild(tr);
     }
   }

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -457,3 +460,47 @@ def test_a_replayed_run_ends_at_its_recorded_time(
     live = runcast.init(settings=make_settings(server.url))
     live.finish()
     assert server.run(live.id).finishes[0]["time"] >= before
+
+
+def test_a_single_process_run_sends_no_world_size(
+    server: FakeServer, make_settings: MakeSettings
+) -> None:
+    # Nothing says how many processes: the client does not guess (the server assumes one and
+    # says so where it shows the cost).
+    runcast.init(settings=make_settings(server.url)).finish()
+    assert server.run().body["world_size"] is None
+
+
+def test_world_size_and_rank_come_from_an_initialised_process_group(
+    server: FakeServer, make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    # mp.spawn and hand-rolled launchers set up torch.distributed without WORLD_SIZE / RANK in
+    # the environment: the process group is where the world size is.
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch without distributed support")
+    store = f"file://{tmp_path / 'store'}"
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch.distributed as dist, runcast\n"
+            f"dist.init_process_group('gloo', init_method={store!r}, rank=1, world_size=2)\n"
+            "print(type(runcast.init(mode='offline', dir=sys.argv[1])).__name__, flush=True)\n"
+            "dist.barrier(); dist.destroy_process_group()\n",
+            str(tmp_path / "rank1"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")},
+    )
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=2)
+    try:
+        run = runcast.init(settings=make_settings(server.url), timings=False)
+        run.finish()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    out, _ = other.communicate(timeout=60)
+    assert server.run().body["world_size"] == 2
+    assert out.strip() == "NoOpRun"  # rank 1 knew it was not rank 0

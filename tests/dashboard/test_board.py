@@ -73,6 +73,29 @@ def test_it_prices_gpu_hours_so_far_and_to_finish(member, project):
     assert o.cost_to_finish == pytest.approx(60, rel=1e-3)
 
 
+def test_a_run_that_reports_no_world_size_is_priced_as_one_process(member, project):
+    now = timezone.now()
+    run = make_run(project, "r", points=10, world_size=None)
+    Run.objects.filter(pk=run.pk).update(started_at=now - timedelta(hours=2))
+    forecast_set(run, now, finish_in=3 * 3600)
+    o = board_for_user(user=member, now=now).unscheduled[0]
+    assert o.gpu_count == 1 and o.gpu_count_assumed
+    assert o.cost_so_far == pytest.approx(5)  # 2 h x 1 process x 2.5
+    assert o.cost_to_finish == pytest.approx(7.5, rel=1e-3)
+
+
+def test_the_board_says_when_it_assumed_one_process(client, member, project):
+    make_run(project, "told", points=10, world_size=8)
+    make_run(project, "untold", points=10, world_size=None)
+    client.force_login(member)
+    html = client.get("/").content.decode()
+    rows = {r.split("</td>")[0]: r for r in html.split('<td class="run-cell">')[1:]}
+    told = next(r for k, r in rows.items() if ">told<" in k)
+    untold = next(r for k, r in rows.items() if ">untold<" in k)
+    assert "1 process assumed" in untold and "\N{EN DASH}" not in untold.split("<td")[-1]
+    assert "1 process assumed" not in told
+
+
 def test_board_page_shows_the_cutoff_in_its_zone_and_local_iso(client, member, project, deadline):
     run = make_run(project, "aimed", points=10, deadline=deadline)
     forecast_set(run, timezone.now(), finish_in=3600, p=0.95)

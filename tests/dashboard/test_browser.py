@@ -6,6 +6,7 @@ also replace docs/screenshots/board.png and run.png.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import re
@@ -159,18 +160,6 @@ BOARD_CROWDING_JS = """() => {
   });
   return out;
 }"""
-
-
-def test_the_board_stays_readable_at_800px(page: Any) -> None:
-    # At 800 px the demo board cut its on-time chance to "8…" and piled the day ticks on each
-    # other ("Fri, Dec 4Sat, Dec 5Sun, ..."): the lane scrolls sideways instead of squeezing.
-    pg = page
-    pg.set_viewport_size({"width": 800, "height": 1000})
-    pg.reload()
-    pg.wait_for_selector("section.lane")
-    assert pg.evaluate(BOARD_CROWDING_JS) == []
-    # Sideways scrolling is the lane's own, not the page's.
-    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 800
 
 
 def test_create_a_deadline_and_a_token(page: Any) -> None:
@@ -410,3 +399,103 @@ def test_every_time_on_the_run_page_names_its_zone(diverged: Any) -> None:
     # And the chart's own times (Berlin here: GMT+1 in en-US).
     assert "GMT+1" in pg.inner_text("#info-eta")
     assert pg.evaluate("() => window.runcastCharts.eta.axes[0].label").endswith("(GMT+1)")
+
+
+def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, project: Any) -> None:
+    # The HF callback sends every TrainingArguments field and the model config: printed as one
+    # dict per row, the Config panel was ~3,000 px tall.
+    from tests.dashboard.test_run_page import LAST_CONFIG_KEY, hf_like_config
+
+    run = _diverged_run(project, timezone.now())
+    Run.objects.filter(pk=run.pk).update(config=hf_like_config())
+    pg = bare_page
+    _open_run(pg, run.public_id)
+    panel = pg.locator("section.panel", has=pg.locator("h3", has_text="Config"))
+    assert panel.bounding_box()["height"] < 700, panel.bounding_box()
+    key = panel.locator("th", has_text=LAST_CONFIG_KEY)
+    assert not key.is_visible()
+    panel.locator("details.config-more > summary").click()
+    assert key.is_visible()
+    # Unfolded, each row is one line or two: long keys wrap in their cell, not the page.
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= 1600
+    rows = panel.locator("details.config-more tr")
+    assert max(rows.nth(i).bounding_box()["height"] for i in range(rows.count())) < 60
+    _shot(pg, "run-config")
+
+
+# The board's columns, in order (a lane without a cutoff leaves "On time" unheaded).
+COLUMNS = ["Run", "timeline", "On time", "Finish", "Progress", "Throughput", "Loss", "Flags"]
+COLUMNS.append("Cost")
+# Each board row's cells: its column, where it sits, and whether its text is cut (content
+# wider than the cell, or a name clamped).
+BOARD_CELLS_JS = """(columns) => [...document.querySelectorAll(".lane-table")].map((t) => {
+  return [...t.querySelectorAll("tbody tr")].map((tr) => [...tr.children].map((td, i) => {
+    const r = td.getBoundingClientRect(), a = td.querySelector(".run-cell a");
+    return {
+      col: columns[i], left: r.left, right: r.right, width: r.width,
+      shown: getComputedStyle(td).display !== "none" && r.width > 0,
+      cut: td.scrollWidth > td.clientWidth + 1 || (a ? a.scrollHeight > a.clientHeight + 1 : false),
+      text: td.innerText.replace(/\\s+/g, " ").slice(0, 60),
+    };
+  }));
+}).flat()"""
+
+IMPORTANT = ("Run", "On time", "Finish", "Throughput", "Loss", "Flags", "Cost")
+
+
+def _board_at(pg: Any, width: int) -> list[list[dict[str, Any]]]:
+    pg.set_viewport_size({"width": width, "height": 1000})
+    pg.reload()
+    pg.wait_for_selector("section.lane")
+    return pg.evaluate(BOARD_CELLS_JS, COLUMNS)
+
+
+@pytest.fixture
+def demo_named(page: Any) -> Any:
+    """The seeded board with the demo's own run names (demo/replay.py), long as they are."""
+    from tests.dashboard.realistic import PLANS
+
+    # demo/ is a folder of scripts, not a package mypy maps: imported by name at run time.
+    demo_plans = importlib.import_module("demo.replay").PLANS
+    for ours, demo in zip(PLANS, demo_plans, strict=True):
+        Run.objects.filter(public_id=ours.run_id).update(name=demo.name)
+    return page
+
+
+@pytest.mark.parametrize("width", [800, 1000, 1250])
+def test_the_boards_important_columns_fit_a_narrow_window(demo_named: Any, width: int) -> None:
+    # At 800 px each lane scrolled sideways on its own, with Throughput, Loss, Flags and Cost
+    # off-screen: the less important columns give way instead (the timeline, then Progress,
+    # which stacks under the name). Squeezing them instead had cut the on-time chance to "8…"
+    # and piled the day ticks on each other ("Fri, Dec 4Sat, Dec 5Sun, ...").
+    pg = demo_named
+    rows = _board_at(pg, width)
+    _shot(pg, f"board-{width}")
+    assert rows
+    for row in rows:
+        shown = {c["col"]: c for c in row if c["shown"]}
+        for col in IMPORTANT:
+            cell = shown.get(col)
+            assert cell is not None, (col, row)
+            assert cell["left"] >= 0 and cell["right"] <= width, cell
+            assert cell["width"] >= 48, cell
+    lanes = pg.evaluate(
+        "() => [...document.querySelectorAll('section.lane')]"
+        ".map((l) => l.scrollWidth - l.clientWidth)"
+    )
+    assert max(lanes) <= 1, lanes  # no lane scrolls sideways
+    assert pg.evaluate("() => document.documentElement.scrollWidth") <= width
+    assert pg.evaluate(BOARD_CROWDING_JS) == []
+
+
+def test_the_board_gives_run_names_the_room_a_wide_window_has(demo_named: Any) -> None:
+    # At 1,400 px "DeepSeek-V3 proxy convergence (Megatron, H100)" was cut to "DeepSeek-V3 pr…"
+    # with room to spare in the row.
+    pg = demo_named
+    rows = _board_at(pg, 1400)
+    _shot(pg, "board-1400")
+    for row in rows:
+        name = next(c for c in row if c["col"] == "Run")
+        assert not name["cut"], name
+        shown = [c["col"] for c in row if c["shown"]]
+        assert "timeline" in shown and "Progress" in shown, shown  # everything, when it fits

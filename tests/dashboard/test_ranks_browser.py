@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.dashboard.test_browser import CHROMIUM, _shot, bare_page, browser  # noqa: F401
 from tests.dashboard.test_ranks_page import straggling  # noqa: F401
+from tests.forecasting.test_services import healthy_loss, make_run, send
+from tracker.services import RankTimingsIn, rank_timings_ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -52,3 +55,54 @@ def test_the_heat_map_shows_the_slow_rank_and_the_onset_is_on_the_throughput_cha
         "() => window.runcastCharts.ranks.runcastHeatmap.rows[0] === 'rank 0'"
         " && window.runcastCharts.ranks.runcastHeatmap.rows.length === 4"
     )
+
+
+ALL_CELLS = """() => {
+  const u = window.runcastCharts.ranks, d = u.runcastHeatmap, out = [];
+  d.rows.forEach((_, row) => d.x.forEach((x, i) => {
+    if (d.values[row][i] == null) return;
+    const px = u.ctx.getImageData(Math.round(u.valToPos(x, "x", true)),
+                                  Math.round(u.valToPos(row, "y", true)), 1, 1).data;
+    out.push({row, v: d.values[row][i], r: px[0], g: px[1], b: px[2], a: px[3]});
+  }));
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_a_lone_rank_or_equal_ranks_are_not_tinted_slower(
+    bare_page: Any,  # noqa: F811
+    project: Any,
+    ranks: int,
+) -> None:
+    # One rank is its own median (1.0 in every cell); so is each of equal ranks. The map drew
+    # them faint red ("slower") beside a table saying +0%.
+    run = make_run(project, run_id="solo")
+    steps = np.arange(0, 400)
+    send(run, steps, healthy_loss(steps), seq=1)
+    for rank in range(ranks):
+        for first in range(0, 400, 20):
+            block = np.arange(first, first + 20)
+            rank_timings_ingest(
+                run=run,
+                session=f"rank-{rank}",
+                seq=first // 20 + 1,
+                timings=RankTimingsIn(
+                    rank=rank,
+                    local_rank=rank,
+                    host="node-0",
+                    steps=block,
+                    compute=np.full(block.size, 0.8),
+                    wait=np.full(block.size, 0.2),
+                    total=np.full(block.size, np.nan),
+                ),
+            )
+    pg = bare_page
+    pg.goto(f"{pg.base}/runs/llm/solo/")
+    pg.wait_for_selector("#ranks-panel[data-ready='1']", timeout=20_000)
+    cells = pg.evaluate(ALL_CELLS)
+    assert cells and all(c["v"] == 1 for c in cells), cells[:5]
+    # No tint: see-through (a grid line behind a cell is grey, r = g = b), never red or blue.
+    tinted = [c for c in cells if c["a"] > 0 and max(c["r"], c["b"]) - c["g"] > 30]
+    assert tinted == [], tinted[:5]
+    assert pg.inner_text("#slowest-ranks tbody tr:first-child").endswith("+0%")

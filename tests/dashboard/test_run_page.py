@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from django.utils import timezone
 
+from dashboard.pages import CONFIG_ROWS_SHOWN, RunPage, config_rows
 from tests.dashboard.factories import (
     T0,
     ended_inside,
@@ -14,8 +17,8 @@ from tests.dashboard.factories import (
     forecast_set,
     make_run,
 )
-from tracker.models import Event
-from tracker.selectors import series_last, throughput_view
+from tracker.models import Event, Run
+from tracker.selectors import loss_key_for, series_last, throughput_view
 from tracker.services import EventIn, SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
 pytestmark = pytest.mark.django_db
@@ -63,6 +66,17 @@ def test_run_page_answers_finish_loss_and_cost(client, member, run):
     assert "spike explained" in html  # open flag and history
     assert 'data-loss-key="loss"' in html
     assert "GPU·h on 8 GPUs" in html
+
+
+def test_run_page_prices_a_run_without_a_world_size_as_one_process_and_says_so(
+    client, member, project
+):
+    make_run(project, "solo", points=200, world_size=None)
+    client.force_login(member)
+    html = client.get("/runs/llm/solo/summary/").content.decode()
+    cost = html.split("<h4>Cost</h4>")[1].split('<div class="card">')[0]
+    assert "on 1 process (assumed: the run did not report its world size)" in cost
+    assert '<div class="big muted">\N{EN DASH}</div>' not in cost
 
 
 def test_a_finished_run_says_what_loss_it_ended_at(
@@ -344,3 +358,108 @@ def test_the_eta_history_mentions_a_cutoff_only_for_a_run_that_has_one(client, m
     client.force_login(member)
     assert "against the cutoff" not in client.get(f"/runs/{project.slug}/free/").content.decode()
     assert "against the cutoff" in client.get(f"/runs/{project.slug}/aimed/").content.decode()
+
+
+def hf_like_config() -> dict:
+    """The shape the HF callback sends: every TrainingArguments field and the model config."""
+    return {
+        "lr": 0.003,
+        # 110 fields with names and values as long as TrainingArguments' (16 characters on
+        # average; numbers, flags, strings).
+        "training_args": {
+            f"arg_{i:03d}_{'x' * (i % 20)}": [i * 0.5, i % 2 == 0, f"value-{i}"][i % 3]
+            for i in range(110)
+        },
+        "model": {
+            "n_layer": 2,
+            "architectures": ["GPT2LMHeadModel"],
+            "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+            "id2label": {},
+            "bos_token_id": None,
+            "name_or_path": "tiny-gpt",
+        },
+    }
+
+
+LAST_CONFIG_KEY = "training_args.arg_109_" + "x" * 9
+
+
+def test_config_rows_flatten_nested_mappings_with_dotted_keys() -> None:
+    rows = dict(config_rows(hf_like_config()))
+    assert rows["lr"] == "0.003"
+    assert (
+        rows["training_args.arg_001_x"] == "false" and rows["training_args.arg_002_xx"] == "value-2"
+    )
+    assert rows["model.n_layer"] == "2"
+    assert rows["model.task_specific_params.text-generation.do_sample"] == "true"
+    assert rows["model.architectures"] == '["GPT2LMHeadModel"]'
+    assert rows["model.id2label"] == "{}" and rows["model.bos_token_id"] == "null"
+    assert rows["model.name_or_path"] == "tiny-gpt"  # a string as it is, not '"tiny-gpt"'
+    assert len(rows) == 1 + 110 + 7
+    assert config_rows([1, 2]) == [("config", "[1, 2]")] and config_rows({}) == []
+
+
+def test_run_page_shows_the_config_as_rows_and_folds_the_long_tail(client, member, project):
+    run = make_run(project, "hf", points=10)
+    Run.objects.filter(pk=run.pk).update(config=hf_like_config())
+    client.force_login(member)
+    html = client.get("/runs/llm/hf/").content.decode()
+    panel = html.split("<h3>Config</h3>")[1].split("</section>")[0]
+    shown, _, folded = panel.partition('<details class="config-more">')
+    assert "<th>lr</th><td><code>0.003</code>" in shown
+    # The run's own top-level settings first, then each group, alphabetically (on any database).
+    keys = re.findall(r"<th>([^<]+)</th>", panel)
+    config_keys = keys[keys.index("lr") :]
+    assert config_keys == [k for k, _ in config_rows(hf_like_config())]
+    assert config_keys[:2] == ["lr", "model.architectures"]
+    assert "training_args.arg_050" not in shown
+    assert f"<summary>{118 - CONFIG_ROWS_SHOWN} more config keys</summary>" in folded
+    assert "<th>model.task_specific_params.text-generation.max_length</th>" in shown
+    assert f"<th>{LAST_CONFIG_KEY}</th>" in folded
+    assert "{&#x27;" not in panel  # no dict printed whole
+
+
+def page_with_keys(keys: list[str]) -> RunPage:
+    # The chart's key depends on the keys alone: no outlook needed.
+    return RunPage(
+        outlook=None,  # type: ignore[arg-type]
+        flag_history=[],
+        loss_key=loss_key_for(keys),
+        keys=sorted(keys),
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "opens_on"),
+    [
+        # The HF callback's keys: "epoch" sorts first and is a flat ramp; the eval loss says more.
+        (["epoch", "eval_loss", "grad_norm", "loss", "lr"], "eval_loss"),
+        (["epoch", "grad_norm", "loss", "lr"], "grad_norm"),
+        (["epoch", "grad_norm", "loss", "lr", "tokens_per_sec"], "tokens_per_sec"),
+        (["epoch", "grad_norm/h.0", "grad_norm/wte", "loss", "lr-AdamW"], "grad_norm/h.0"),
+        (["epoch", "gpu/util", "loss", "lr", "trainer/global_step"], "gpu/util"),
+        (["epoch", "loss", "lr", "step"], "lr"),  # a schedule at least moves
+        (["epoch", "loss"], "epoch"),
+        (["loss"], "loss"),
+        (["val_loss"], "val_loss"),  # the only loss is the loss chart's; nothing else to show
+    ],
+)
+def test_other_metrics_open_on_a_telling_series_not_a_counter(keys, opens_on) -> None:
+    assert page_with_keys(keys).other_key == opens_on
+
+
+def test_the_run_page_selects_that_series(client, member, project):
+    run = make_run(project, "hf", points=10)
+    for key in ("epoch", "eval_loss"):
+        batch_ingest(
+            run=run,
+            session="s",
+            seq=100 + len(key),
+            series=[SeriesIn(key, np.arange(3), np.ones(3), T0 + np.arange(3.0))],
+            events=[],
+            heartbeat=from_epoch(T0 + 3),
+        )
+    client.force_login(member)
+    html = client.get("/runs/llm/hf/").content.decode()
+    assert '<option value="eval_loss" selected>' in html
+    assert '<option value="epoch">' in html

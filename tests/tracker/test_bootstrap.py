@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -13,6 +18,8 @@ from django.test import Client
 from tracker.models import Membership, Project
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def bootstrap(*args: str) -> str:
@@ -63,3 +70,63 @@ def test_it_can_create_the_first_project_once() -> None:
     project = Project.objects.get()
     assert project.name == "LLM pretraining"
     assert project.memberships.get().role == Membership.Role.OWNER
+
+
+@pytest.mark.slow
+def test_it_prints_the_port_the_embedded_server_runs_on(tmp_path) -> None:
+    # The embedded install serves on PORT (scripts/dev, docs/deployment.md's gunicorn line);
+    # with SITE_URL unset the login URL printed must be on that port, not 8000.
+    env = {k: v for k, v in os.environ.items() if k not in ("SITE_URL", "DATABASE_URL")}
+    env.update(
+        RUNCAST_VAR_DIR=str(tmp_path),
+        PORT="8123",
+        DJANGO_SETTINGS_MODULE="config.settings.base",
+        PYTHONPATH=str(ROOT),
+    )
+
+    def manage(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    manage("migrate", "-v0")
+    out = manage("runcast_bootstrap", "--admin", "alice")
+    assert "Log in at:  http://127.0.0.1:8123/login/" in out
+    assert "http://127.0.0.1:8123/account/password/" in out
+
+
+@pytest.mark.slow
+def test_the_readme_says_how_to_get_an_administrator_in_the_embedded_mode(tmp_path) -> None:
+    # The demo login cannot create projects; the README's command for an administrator of the
+    # embedded install (scripts/dev's SQLite under var/) is run as written, and must make one.
+    readme = (ROOT / "README.md").read_text()
+    section = re.search(r"^## An administrator.*?(?=^## )", readme, flags=re.M | re.S)
+    assert section, "README.md has no section on getting an administrator"
+    command = re.search(r"^\.venv/bin/python manage\.py runcast_bootstrap (.+)$", section[0], re.M)
+    assert command, "the section shows no runcast_bootstrap command"
+    env = {k: v for k, v in os.environ.items() if k not in ("SITE_URL", "DATABASE_URL", "PORT")}
+    env.update(RUNCAST_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings.base")
+    for args in (["migrate", "-v0"], ["runcast_bootstrap", *command[1].split("#")[0].split()]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "Log in at:  http://127.0.0.1:8000/login/" in done.stdout
+    (username,) = re.findall(r"^Username:\s+(\S+)$", done.stdout, flags=re.M)
+    with sqlite3.connect(tmp_path / "runcast.sqlite3") as db:
+        flags = db.execute(
+            "SELECT is_staff, is_superuser FROM auth_user WHERE username = ?", (username,)
+        ).fetchone()
+    assert flags == (1, 1)  # staff may create projects and see the Admin link

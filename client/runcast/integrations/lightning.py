@@ -2,8 +2,11 @@
 
 Needs ``lightning`` (``pip install 'runcast[lightning]'``). What goes to Runcast:
 
-* metrics: everything Lightning hands its loggers (``self.log(...)``), at Lightning's step;
+* metrics: everything Lightning hands its loggers (``self.log(...)``); while fitting, at
+  ``trainer.global_step`` after the batch's optimizer step (as the HF Trainer's
+  ``global_step``), so the last batch of a complete run lands on the planned total;
 * hyperparameters (``save_hyperparameters()``, the datamodule's) as the run's config;
+* the world size: ``trainer.world_size`` (devices x nodes; 1 on one device);
 * the planned total: ``trainer.max_steps`` when set, else ``trainer.estimated_stepping_batches``
   (epochs x batches / accumulation), so the server can forecast the finish;
 * every checkpoint ``ModelCheckpoint`` saves, as a ``checkpoint`` event with its step and path
@@ -128,7 +131,7 @@ class RuncastLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self._ensure_run().log(metrics, step=step)
+        self._ensure_run().log(metrics, step=self._fit_step(step))
 
     @rank_zero_only
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -179,6 +182,22 @@ class RuncastLogger(Logger):
             # The optimizer hooks are callback hooks: the logger brings its own callback.
             callbacks.append(_GradNormCallback(self))
 
+    def _fit_step(self, step: int | None) -> int | None:
+        """The step a metric goes to: while fitting, Lightning's own step (its count of batches
+        that stepped, read *before* it counts the current one) becomes ``global_step``, the
+        optimizer steps taken so far. Lightning logs a batch after its optimizer step, so
+        batch i of a 40-step run would land on step i - 1 and the run would end at 39 of 40
+        (97.5%); ``global_step`` is also what ``max_steps`` counts. A step of another axis (an
+        evaluation's own batch counter, a ``step`` the user logged) is kept."""
+        trainer = self._trainer
+        if trainer is None or step is None or trainer.sanity_checking:
+            return step
+        if trainer.state.fn != "fit":
+            return step
+        # The private counter Lightning passes as the default step (loops/training_epoch_loop).
+        default = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", step)
+        return int(trainer.global_step) if step == default else step
+
     def _planned_steps(self) -> int | None:
         if self._total_steps is not None:
             return self._total_steps
@@ -199,6 +218,11 @@ class RuncastLogger(Logger):
             config = dict(self._config)
             if self._trainer is not None:
                 config.setdefault("trainer", _trainer_config(self._trainer))
+            kwargs = dict(self._init_kwargs)
+            if self._trainer is not None:
+                # The trainer knows its processes (devices x nodes) before any process group
+                # exists, and on one device no launcher sets WORLD_SIZE: the cost needs it.
+                kwargs.setdefault("world_size", self._trainer.world_size)
             self._run = runcast.init(
                 project=self._project,
                 name=self._name,
@@ -207,7 +231,7 @@ class RuncastLogger(Logger):
                 config=config,
                 deadline=self._deadline,
                 tags=self._tags,
-                **self._init_kwargs,
+                **kwargs,
             )
         # After finish() the run itself ignores log() / event() with one warning, and still
         # answers id / url.
@@ -244,9 +268,9 @@ class _GradNormCallback(pl.Callback):
                 self.owner._grad_norms_every,
                 self.owner._grad_norm_group,
             )
-        # Lightning logs a batch's metrics at the number of optimizer steps taken before it,
-        # which is global_step here: the norms land on the same step as that batch's loss.
-        step = trainer.global_step
+        # The batch's metrics are logged at global_step after this optimizer step
+        # (RuncastLogger._fit_step): the norms land on the same step as that batch's loss.
+        step = trainer.global_step + 1
         if self._norms.due(step):
             values = self._norms.compute()
             if values:

@@ -2,8 +2,9 @@
 
 Needs ``transformers`` (``pip install 'runcast[transformers]'``). What goes to Runcast:
 
-* ``on_train_begin``: the run starts with ``state.max_steps`` as its planned total and the
-  ``TrainingArguments`` (and the model's config) as its config;
+* ``on_train_begin``: the run starts with ``state.max_steps`` as its planned total,
+  ``TrainingArguments.world_size`` as its world size and the ``TrainingArguments`` (and the
+  model's config) as its config;
 * ``on_log``: every number the Trainer logs (``loss``, ``grad_norm``, ``eval_*``...) at its
   global step; ``learning_rate`` is sent as ``lr``, the key the server reads the LR schedule
   from. The end-of-training summary (``train_runtime``, ``train_loss``...) becomes a
@@ -92,6 +93,10 @@ class RuncastCallback(TrainerCallback):
         config.update(self._config)
         total = self._total_steps or (state.max_steps if state.max_steps > 0 else None)
         run_name = getattr(args, "run_name", None)
+        kwargs = dict(self._init_kwargs)
+        world = _world_size(args)
+        if world is not None:
+            kwargs.setdefault("world_size", world)
         self.run = runcast.init(
             project=self._project,
             # TrainingArguments.run_name defaults to output_dir; a name the user gave wins.
@@ -101,7 +106,7 @@ class RuncastCallback(TrainerCallback):
             config=config,
             deadline=self._deadline,
             tags=self._tags,
-            **self._init_kwargs,
+            **kwargs,
         )
         if self._grad_norms_every and model is not None:
             self._norms = GradNorms(
@@ -198,6 +203,16 @@ def _training_args(args: Any) -> dict[str, Any]:
             except Exception as exc:  # a custom subclass that cannot be serialised
                 logger.info("runcast: TrainingArguments.%s failed: %r", method, exc)
     return {}
+
+
+def _world_size(args: Any) -> int | None:
+    """The Trainer's process count (accelerate's state: 1 for one process, where no launcher
+    sets WORLD_SIZE), or None when the arguments cannot say."""
+    try:
+        return int(args.world_size)
+    except Exception as exc:  # a stand-in for TrainingArguments, or no torch backend
+        logger.info("runcast: TrainingArguments.world_size unknown (%r)", exc)
+        return None
 
 
 def _is_number(value: Any) -> bool:

@@ -2,11 +2,13 @@
 
 A tiny GPT (2 blocks, CPU) trains through RuncastLogger into a live server, checkpointing every
 40 steps and logging per-layer gradient norms every 2 steps. At step JUMP its learning rate
-jumps 100x (a LambdaLR, as a bad schedule or a resumed job with the wrong LR would): the update
-taken at step JUMP uses it, so the first loss it spoils is logged at step JUMP + 1. The
-forecasting service, run on the live run, must raise the divergence flag with:
+jumps 100x (a LambdaLR, as a bad schedule or a resumed job with the wrong LR would): the
+update after step JUMP (the one that makes global_step JUMP + 1) is the first to use it, and
+a batch's loss is logged at global_step after its own update, so the first loss it spoils (the
+next batch's) is logged at FIRST_BAD = JUMP + 2. The forecasting service, run on the live run,
+must raise the divergence flag with:
 
-* its onset within ONSET_TOLERANCE steps of JUMP + 1: the spike detector names the first bad
+* its onset within ONSET_TOLERANCE steps of FIRST_BAD: the spike detector names the first bad
   point, while the rise detector works on block medians (the recent tail in 100 bins, here
   2-3 steps each), so its onset may sit up to a bin before the first bad point;
 * the last checkpoint before that onset (step 160) as the rollback target;
@@ -40,6 +42,7 @@ from tracker.signals import run_ingested  # noqa: E402
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 STEPS, JUMP, FACTOR, CKPT_EVERY = 240, 170, 100.0, 40
+FIRST_BAD = JUMP + 2
 ONSET_TOLERANCE = 3
 
 
@@ -103,14 +106,14 @@ def test_an_lr_jump_is_flagged_with_onset_rollback_and_first_layers(
     run_ingested.disconnect(_on_ingested)
     try:
         trainer.fit(JumpingGPT(), data)
-        run = _wait_for(logger.version, STEPS - 1, STEPS // CKPT_EVERY)
+        run = _wait_for(logger.version, STEPS, STEPS // CKPT_EVERY)
         compute.forecast_compute(run_id=run.pk)
     finally:
         run_ingested.connect(_on_ingested)
 
     loss = selectors.series_load(run=run, key="loss")
     before = np.median(loss.values[(loss.steps > JUMP - 40) & (loss.steps <= JUMP)])
-    assert loss.values[loss.steps == JUMP + 1][0] > 2 * before, "the LR jump did not bite"
+    assert loss.values[loss.steps == FIRST_BAD][0] > 2 * before, "the LR jump did not bite"
 
     open_flags = forecast_selectors.flags_open(run=run)
     diverged = {k: f for k, f in open_flags.items() if k in Flag.DIVERGENCE_KINDS}
@@ -118,7 +121,7 @@ def test_an_lr_jump_is_flagged_with_onset_rollback_and_first_layers(
     assert Flag.Kind.SPIKE in diverged
     for flag in diverged.values():
         assert flag.state == Flag.State.RAISED
-        assert abs(flag.onset_step - (JUMP + 1)) <= ONSET_TOLERANCE, flag.explanation
+        assert abs(flag.onset_step - FIRST_BAD) <= ONSET_TOLERANCE, flag.explanation
         assert flag.data["rollback_step"] == 160, flag.explanation
         assert "Last checkpoint before onset: step 160." in flag.explanation
 
@@ -131,7 +134,7 @@ def test_an_lr_jump_is_flagged_with_onset_rollback_and_first_layers(
     for name in layers:  # each named layer's norm really jumped right after the LR did
         norms = selectors.series_load(run=run, key=name)
         pre = np.median(norms.values[(norms.steps > JUMP - 40) & (norms.steps <= JUMP)])
-        post = norms.values[(norms.steps > JUMP) & (norms.steps <= JUMP + 6)]
+        post = norms.values[(norms.steps > JUMP) & (norms.steps <= FIRST_BAD + 6)]
         assert post.max() > 3 * pre, (name, pre, post)
 
     logger.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +24,17 @@ LAYERS = {f"grad_norm/{k}" for k in ("wte", "wpe", "h.0", "h.1", "ln_f")}
 
 
 def test_the_transformers_example_logs_a_forecast_run(example_env, tmp_path: Path) -> None:
-    out = run_example("transformers_example.py", example_env(), tmp_path, str(tmp_path / "out"))
+    cwd, temp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    temp.mkdir()
+    out = run_example("transformers_example.py", example_env(TMPDIR=str(temp)), cwd)
+    assert list(cwd.iterdir()) == []  # the output folder is a temp dir, not the working tree
+    assert f"checkpoints in: {temp}{os.sep}runcast-" in out
     run = Run.objects.get(name="tiny-gpt-hf")
     assert f"run: {run.public_id} " in out
     assert run.status == "finished"
     assert run.total_steps == 40  # TrainingArguments.max_steps
+    assert run.world_size == 1  # one process, said by the trainer (no launcher set WORLD_SIZE)
     assert run.config["training_args"]["learning_rate"] == 0.003
     assert run.config["model"]["n_layer"] == 2
 
@@ -48,6 +55,7 @@ def test_the_transformers_example_logs_a_forecast_run(example_env, tmp_path: Pat
     assert [c.step for c in checkpoints] == [10, 20, 30, 40]
     for c in checkpoints:
         assert Path(c.payload["path"]).is_dir()  # the folder the Trainer saved
+        assert Path(c.payload["path"]).is_relative_to(temp)  # in the folder it printed
 
     # Per-layer norms are read before the Trainer clips (max_grad_norm=1.0): together they
     # make up exactly the pre-clip total norm the Trainer itself logs as grad_norm.

@@ -107,7 +107,7 @@ def test_lightning_fit_that_raises_marks_the_run_failed(server, make_settings, t
         trainer.fit(Boom(), data)
     run = server.run(logger.version)
     assert [f["status"] for f in run.finishes] == ["failed"]
-    assert sorted(s for s, _ in run.points["loss"]) == [0, 1, 2]
+    assert sorted(s for s, _ in run.points["loss"]) == [1, 2, 3]  # 3 optimizer steps taken
     assert run.body["total_steps"] == 8
 
 
@@ -143,3 +143,94 @@ def test_report_to_runcast_after_register(monkeypatch) -> None:
     register()
     trainer = Trainer(model=torch.nn.Linear(2, 2), args=args)
     assert any(isinstance(cb, RuncastCallback) for cb in trainer.callback_handler.callbacks)
+
+
+def test_lightning_logs_each_batch_at_the_optimizer_steps_taken_after_it(
+    server, make_settings, tmp_path
+):
+    # A fit of 8 batches is 8 optimizer steps: the last batch's loss must land on step 8 (the
+    # run's total, 100%), as the HF callback's global_step does, not on 7 ("finished at step 7",
+    # 87.5%). Validation at the end, the final checkpoint and the grad norms share that step.
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from runcast.integrations.lightning import RuncastLogger
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self.layer(batch[0]).pow(2).mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = RuncastLogger(project="p", settings=make_settings(server.url), grad_norms_every=4)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 2)), 2)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        log_every_n_steps=1,
+        val_check_interval=4,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ModelCheckpoint(every_n_train_steps=4, save_top_k=-1)],
+    )
+    trainer.fit(Tiny(), data, data)
+    run = server.run(logger.version)
+    assert run.body["total_steps"] == 8
+    assert sorted(s for s, _ in run.points["loss"]) == list(range(1, 9))
+    assert sorted(s for s, _ in run.points["val_loss"]) == [4, 8]
+    assert sorted(s for s, _ in run.points["grad_norm/layer"]) == [4, 8]
+    checkpoints = [e["step"] for e in run.events if e["kind"] == "checkpoint"]
+    assert checkpoints == [4, 8]
+
+
+def test_lightning_sends_the_trainers_world_size(server, make_settings, tmp_path):
+    # One CPU device: no launcher sets WORLD_SIZE, but the trainer knows it runs 1 process.
+    pl = pytest.importorskip("lightning.pytorch")
+    from runcast.integrations.lightning import RuncastLogger
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = RuncastLogger(project="p", settings=make_settings(server.url))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)), 2)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(Tiny(), data)
+    assert server.run(logger.version).body["world_size"] == 1
+
+
+def test_transformers_callback_sends_the_trainers_world_size(server, make_settings, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from runcast.integrations.transformers import RuncastCallback
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    cb = RuncastCallback(project="p", settings=make_settings(server.url))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    cb.on_train_begin(args, TrainerState(max_steps=10), TrainerControl())
+    cb.run.finish()
+    assert server.run(cb.run.id).body["world_size"] == 1
