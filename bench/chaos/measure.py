@@ -97,29 +97,15 @@ def first_forecasts_since(dsn: str, run_ids: Iterable[str], since: float) -> dic
         return {run_id: float(at) for run_id, at in cur.fetchall()}
 
 
-def eta_stored_since(cur: Any, *, run_pk: int, since: float) -> bool:
-    """Whether a computation begun at or after `since` has stored its ETA row (an open cursor:
-    polled every few milliseconds while a forecast runs)."""
+def kinds_stored_since(cur: Any, *, run_pk: int, since: float) -> set[str]:
+    """The forecast kinds a computation of the run begun at or after `since` has stored so far
+    (an open cursor: polled every few milliseconds while a forecast runs)."""
     cur.execute(
-        "SELECT EXISTS (SELECT 1 FROM forecasting_forecast WHERE run_id = %s AND kind = 'eta' "
-        "AND computed_at >= to_timestamp(%s))",
+        "SELECT DISTINCT kind FROM forecasting_forecast WHERE run_id = %s "
+        "AND computed_at >= to_timestamp(%s)",
         [run_pk, since],
     )
-    return bool(cur.fetchone()[0])
-
-
-def half_written(dsn: str, run_ids: Iterable[str]) -> int:
-    """Computations whose ETA row exists without the loss row of the same input: a forecast
-    computation writes both (a run logging `loss`), so one alone was cut off mid-way."""
-    with cursor(dsn) as cur:
-        cur.execute(
-            "SELECT count(*) FROM forecasting_forecast e JOIN tracker_run r ON r.id = e.run_id "
-            "WHERE r.public_id = ANY(%s) AND e.kind = 'eta' AND NOT EXISTS ("
-            " SELECT 1 FROM forecasting_forecast l WHERE l.run_id = e.run_id AND l.kind = 'loss'"
-            " AND l.segment = e.segment AND l.input_last_step = e.input_last_step)",
-            [list(run_ids)],
-        )
-        return int(cur.fetchone()[0])
+    return {kind for (kind,) in cur.fetchall()}
 
 
 # -- liveness ---------------------------------------------------------------------------------

@@ -154,10 +154,11 @@ def _false_crash_marks(stack: Stack, trainers: list[Trainer]) -> list[measure.Cr
 
 
 def _half_written(outcomes: list[Outcome]) -> int | None:
-    """Computations the worker kill left with some of their rows only (None: not run)."""
+    """Forecast computations the worker kill left with some of their rows only (None: the
+    scenario did not run)."""
     for o in outcomes:
         if o.scenario == "worker_killed":
-            return int(o.details["half_written_after"]) - int(o.details["half_written_before"])
+            return int(o.details["half_written"])
     return None
 
 

@@ -219,8 +219,6 @@ class WorkerKilled(Scenario):
     def start(self) -> None:
         super().start()
         stack = self.ctx.stack
-        live = [t.run_id for t in self.ctx.fleet.live]
-        self.outcome.details["half_written_before"] = measure.half_written(stack.dsn, live)
         deadline = time.monotonic() + self.WAIT_FOR_FORECAST_S
         tries = 0
         with measure.cursor(stack.dsn) as cur:
@@ -236,18 +234,23 @@ class WorkerKilled(Scenario):
     def _kill_mid_task(self, cur: Any, task: InFlight, *, wait_eta: bool) -> bool:
         """Kill `task`'s process as its ETA row appears (`wait_eta`), else at once; whether it
         was still running then (its end removes its marker)."""
-        eta_seen = False
-        while wait_eta and task.marker.exists() and not eta_seen:
-            eta_seen = measure.eta_stored_since(cur, run_pk=task.run_pk, since=task.at)
+        stored: set[str] = set()
+        while wait_eta and task.marker.exists() and "eta" not in stored:
+            stored = measure.kinds_stored_since(cur, run_pk=task.run_pk, since=task.at)
         _kill9(task.pid)
         self.killed_at = time.time()
         if not task.marker.exists():
             return False  # it had ended: try the next one
         self.killed = task
+        # What the dead process left of its computation, before the task runs again (a rerun on
+        # the same input fills the gap in: the row is keyed by input, not by computation).
+        stored = measure.kinds_stored_since(cur, run_pk=task.run_pk, since=task.at)
         self.outcome.details.update(
             killed_pid=task.pid,
             killed_ms_into_task=round((self.killed_at - task.at) * 1000),
-            killed_after_eta_row=eta_seen,
+            rows_left_by_killed_task=sorted(stored),
+            # Every computation of a run logging `loss` stores its ETA and its loss forecast.
+            half_written=bool(stored) and not {"eta", "loss"} <= stored,
         )
         return True
 
@@ -266,8 +269,6 @@ class WorkerKilled(Scenario):
     def finish(self) -> Outcome:
         await_forecasts(self.ctx, self.outcome, since=self.killed_at)
         stack = self.ctx.stack
-        live = [t.run_id for t in self.ctx.fleet.live]
-        self.outcome.details["half_written_after"] = measure.half_written(stack.dsn, live)
         # acks_late with reject_on_worker_lost: the killed task's message goes back to the queue
         # and the worker runs it again (the worker log's "succeeded" line names its id).
         assert self.killed is not None
