@@ -123,7 +123,7 @@ def _result(
             "web_down_s": profile.web_down_s,
             "postgres_down_s": profile.postgres_down_s,
             "redis_down_s": profile.redis_down_s,
-            "web_server": stack.services["web"].command[2],
+            "web_server": stack.web_server,
         },
     }
     return result

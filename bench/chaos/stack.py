@@ -135,9 +135,14 @@ class Stack:
             env[hooks.RECONNECT_GRACE_S] = str(live.reconnect_grace_s)
         return env
 
+    @property
+    def web_server(self) -> str:
+        """gunicorn where it is installed (docker-compose.yml), else Django's runserver."""
+        return "gunicorn" if importlib.util.find_spec("gunicorn") is not None else "runserver"
+
     def _web_command(self) -> list[str]:
         bind = f"127.0.0.1:{self.web_port}"
-        if importlib.util.find_spec("gunicorn") is not None:
+        if self.web_server == "gunicorn":
             # docker-compose.yml's web service, on this machine's two cores.
             return [sys.executable, "-m", "gunicorn", "config.wsgi", "--bind", bind,
                     "--workers", "2", "--threads", "8", "--preload",
