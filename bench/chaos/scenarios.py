@@ -301,10 +301,11 @@ class RunKilled(Scenario):
     def judged_within(self) -> float:
         """The longest the rules may take: a silence of STALL_FACTOR client heartbeats and at
         least STALL_MIN_S, counted from the end of the grace after the sweep's first tick, then
-        the sweep that sees it; doubled sweep periods and 15 s for the machine's load."""
+        the sweep that sees it; three sweep periods (a tick that waited past its `expires` is
+        dropped) and 20 s for a loaded machine."""
         live = self.ctx.profile.liveness
         silence = max(thresholds.STALL_FACTOR * live.heartbeat_s, live.stall_min_s)
-        return live.reconnect_grace_s + silence + 2 * live.sweep_period_s + 15.0
+        return live.reconnect_grace_s + silence + 3 * live.sweep_period_s + 20.0
 
     def finish(self) -> Outcome:
         assert self.trainer.ended_at is not None
