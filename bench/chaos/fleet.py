@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.profile import Profile
+from bench.chaos.stack import INHERITED_OUT
 from bench.chaos.trainer import PROTOCOL
 from bench.harness import ROOT, BenchError, tail
 
@@ -163,11 +164,10 @@ class Fleet:
             trainer.close()
 
 
-def trainer_env(
-    base: dict[str, str], *, url: str, token: str, spool: Path, heartbeat_s: float
-) -> dict[str, str]:
-    """The trainers' environment: the client's settings only (RUNCAST_*), nothing of Django."""
-    env = {k: v for k, v in base.items() if not k.startswith(("RUNCAST_", "DJANGO_"))}
+def trainer_env(*, url: str, token: str, spool: Path, heartbeat_s: float) -> dict[str, str]:
+    """The trainers' environment: this process's, less anything of Runcast's servers or of a
+    client configured around the bench, plus the client's settings for this stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_OUT)}
     env.update(
         {
             "RUNCAST_URL": url,

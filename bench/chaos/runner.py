@@ -30,9 +30,11 @@ def run(profile: Profile, *, keep: bool = False) -> dict[str, Any]:
     try:
         stack.start()
         env = trainer_env(
-            stack.env(), url=stack.web_url, token=stack.token, spool=work / "spool",
+            url=stack.web_url,
+            token=stack.token,
+            spool=work / "spool",
             heartbeat_s=profile.liveness.heartbeat_s,
-        )  # fmt: skip
+        )
         fleet = Fleet(profile, work, env)
         outcomes = _scenarios(Context(stack, fleet, profile))
         log("stopping the trainers (each finishes and flushes)")
