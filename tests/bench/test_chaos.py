@@ -4,8 +4,8 @@ through the real client while a run is killed after one batch, a pool process is
 mid-forecast, and Redis is killed -9 and started again.
 
 The bench runs once for the module (about a minute and a half); each goal of issue 24 is a test.
-Goals that fail because of a defect of issue 24 still open here are xfail(strict): the day the
-fix is merged they pass, strict makes that a failure, and the marker comes off.
+Every goal holds: the worker outlives Redis (config/broker.py), a forecast computation is one
+transaction, and a run that dies before it has a cadence is closed as crashed.
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ from bench.chaos.stack import missing_binaries
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
-
-WORKER_DIES_WITH_REDIS = (
-    "issue 24 item 1: the worker exits on a kill of Redis (kombu _connparams AttributeError "
-    "'NoneType' object has no attribute 'hostname') and nothing forecasts after it"
-)
 
 
 @pytest.fixture(scope="module")
@@ -84,31 +79,19 @@ def test_the_killed_forecast_is_run_again(chaos: dict[str, Any]) -> None:
     assert _scenario(chaos, "worker_killed")["killed_task_run_again"] is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 24 item 7: a forecast computation is not atomic; killed after its ETA row, "
-    "the rest of it is never written",
-)
 def test_a_killed_forecast_leaves_no_half_written_computation(chaos: dict[str, Any]) -> None:
     assert chaos["forecasts_half_written"] == 0, _scenario(chaos, "worker_killed")
 
 
-@pytest.mark.xfail(strict=True, reason=WORKER_DIES_WITH_REDIS)
 def test_forecasts_come_back_after_redis_is_killed(chaos: dict[str, Any]) -> None:
     assert chaos["forecast_resume_by_scenario"]["redis_killed"] is not None, _scenario(
         chaos, "redis_killed"
     )
 
 
-@pytest.mark.xfail(strict=True, reason=WORKER_DIES_WITH_REDIS)
 def test_the_worker_and_beat_outlive_every_scenario(chaos: dict[str, Any]) -> None:
     assert chaos["processes_died"] == {}, chaos["details"]["deaths"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 24 item 6: a run with fewer than 3 contacts is never judged (detect_stall) "
-    "and stays 'running' for good",
-)
 def test_a_run_killed_after_one_batch_is_closed_as_crashed(chaos: dict[str, Any]) -> None:
     assert chaos["runs_left_open"] == 0, _scenario(chaos, "run_killed")
