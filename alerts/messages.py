@@ -17,10 +17,11 @@ from django.template.loader import render_to_string
 from alerts.kinds import BY_KEY
 from alerts.models import Notification
 from forecasting import board
+from forecasting.estimators import episode_states
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
-from forecasting.selectors import episode_at_end
+from forecasting.selectors import episode_at_end, flags_open
 from tracker.links import run_url
 from tracker.models import Event, LatestMetric, Run
 
@@ -124,7 +125,7 @@ def _undone_context(run: Run, episode: dict[str, Any]) -> dict[str, Any]:
 def _end_episode(run: Run) -> dict[str, Any]:
     """What the run's loss episode was when the run ended, if one was still open then, and the
     training it had undone."""
-    closed = episode_at_end(run=run)
+    closed = episode_at_end(run=run) or _still_open_episode(run)
     if closed is None or closed.onset_step is None:
         return {"episode": None}
     episode = closed.data.get("episode") if isinstance(closed.data, dict) else None
@@ -132,6 +133,19 @@ def _end_episode(run: Run) -> dict[str, Any]:
         "episode": f"diverged at step {fmt.steps(closed.onset_step)}, not recovered",
         **(_undone_context(run, episode) if isinstance(episode, dict) else {}),
     }
+
+
+def _still_open_episode(run: Run) -> Flag | None:
+    """An ended run's loss episode flag its last forecast has not closed yet (the message can
+    be made first: the run-end dispatch and that forecast are separate tasks): elevated when
+    last judged, it is how the run ended."""
+    for flag in flags_open(run=run).values():
+        if flag.kind in Flag.DIVERGENCE_KINDS and episode_states.state_of(flag.data) in (
+            "spiking",
+            "diverged",
+        ):
+            return flag
+    return None
 
 
 def _p50_history(run: Run, at: datetime) -> tuple[float | None, float | None]:

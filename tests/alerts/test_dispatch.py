@@ -855,3 +855,24 @@ def test_a_wobbling_deadline_replayed_sends_the_raise_and_the_fall(
     assert "1% chance to make it" in sent[1]["headline"]
     # ... and the history holds those two, not ten "no worse" or "cooldown" rows beside them.
     assert Notification.objects.filter(run=run).count() == 2
+
+
+def test_the_end_of_run_message_tells_of_an_episode_its_last_forecast_has_not_closed(
+    run: Run,
+) -> None:
+    # The run-end dispatch and the run's last forecast are separate tasks: the message may be
+    # made while the episode's flag is still open. Diverged when last judged, it is how the
+    # run ended (an LR x100 run's "finished" email left it out under load).
+    flag_raise(
+        run,
+        "spike",
+        onset_step=2500,
+        explanation="Loss diverged at step 2,500 and has not come back.",
+        data={"rollback_step": 2400.0, "episode": {"state": "diverged", "ratio": 8.9}},
+    )
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, ended_at=timezone.now())
+    run.refresh_from_db()
+    ctx = messages.context_for(
+        run=run, kind="finished", event="ended", severity="info", flag=None, at=timezone.now()
+    )
+    assert "— diverged at step 2,500, not recovered" in messages.render(ctx, {}).headline
