@@ -240,7 +240,6 @@ def with_episodes(
         text = _ending_text(ref, j0, lasted=_lasted(series, run, ref, j0)) if j0 else None
         endings = dict.fromkeys(open_flags, Ending(text)) if text else {}
     out: list[Condition] = []
-    first_kind: dict[float, str] = {}  # an episode's kind, by its onset, when none is open
     for cond in found:
         if cond.kind not in EPISODE_KINDS or cond.onset_step is None:
             out.append(cond)
@@ -252,10 +251,8 @@ def with_episodes(
             continue
         if _no_episode(run, ref, j, bool(open_flags), cond.onset_step):
             continue
-        # One flag per episode: the open one, whichever kind the detectors see now; with none
-        # open, the first finding's (a spike and a regression of one blow-up in the same
-        # computation raised two flags, and the second's alerts were held as a repeat).
-        kind = next(iter(open_flags), None) or first_kind.setdefault(ref.onset_step, cond.kind)
+        # One flag per episode: the open one, whichever kind the detectors see now.
+        kind = next(iter(open_flags), cond.kind) if open_flags else cond.kind
         said = _said_blowups(open_flags) if ref.onset_step == _onset(open_flags) else []
         blowups = _blowups(cond, said, ref, series)
         out.append(episode(replace(cond, kind=kind), ref, j, blowups))

@@ -206,25 +206,6 @@ def test_a_run_that_ends_with_its_loss_just_back_did_not_end_diverged(project):
     assert selectors.episode_at_end(run=run) is None  # not "diverged" on the card or board
 
 
-def test_two_detectors_seeing_one_blow_up_in_one_computation_raise_one_flag(project):
-    from forecasting import episodes
-    from forecasting.conditions import Condition
-    from tracker.series import Series
-
-    run = make_run(project, total=6000)
-    steps = np.arange(ONSET + 40)
-    loss = blown_up(steps)
-    series = Series(steps, loss, T0 + steps.astype(float), np.zeros(steps.size, dtype=np.int64))
-    found = [
-        Condition("spike", "spike", 1.0, float(ONSET), {}),
-        Condition("regression", "regression", 1.0, float(ONSET), {}),
-    ]
-    out, _ = episodes.with_episodes(
-        run=run, found=found, series=series, checkpoints=[float(c) for c in range(100, ONSET, 100)]
-    )
-    assert [c.kind for c in out] == ["spike"]
-
-
 def test_a_decaying_spike_told_and_resolved_is_not_raised_again(project, monkeypatch):
     """Its onset, searched back on each computation, moves by a point or two as the points
     arrive (made to move here on every computation, as noise does on a real curve); the
