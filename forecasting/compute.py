@@ -113,8 +113,10 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
                 conditions += found
-            conditions = _sustained(
-                run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
+            conditions = episodes.one_flag_each(
+                _sustained(
+                    run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
+                )
             )
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now, resolutions=endings)
 

@@ -340,6 +340,34 @@ def _reference_for(
     return ep.reference_before(steps, values, onset) or ref
 
 
+def one_flag_each(conditions: list[Condition]) -> list[Condition]:
+    """After the hysteresis: findings of two kinds with one episode (the same reference onset)
+    raise one flag, the first's (the detectors list the most severe kinds first), carrying the
+    worse news. Before it, each kind keeps its own readings (renaming one to the other's kind
+    there broke both kinds' hysteresis: two tinygpt oscillations were never raised); with a
+    flag open, with_episodes has already folded every finding into its kind."""
+    out: list[Condition] = []
+    first: dict[float, int] = {}  # an episode's onset -> its condition's index in out
+    for cond in conditions:
+        onset = _episode_onset(cond)
+        if onset is None or onset not in first:
+            if onset is not None:
+                first[onset] = len(out)
+            out.append(cond)
+            continue
+        have = out[first[onset]]
+        if episode_states.escalates(cond.data, have.data):
+            out[first[onset]] = replace(cond, kind=have.kind)
+    return out
+
+
+def _episode_onset(cond: Condition) -> float | None:
+    episode = cond.data.get("episode") if cond.kind in EPISODE_KINDS else None
+    reference = episode.get("reference") if isinstance(episode, dict) else None
+    onset = reference.get("onset_step") if isinstance(reference, dict) else None
+    return float(onset) if isinstance(onset, int | float) else None
+
+
 def _one_per_kind(conditions: list[Condition]) -> list[Condition]:
     # Two findings folded into one episode flag: keep the first (the detectors list the most
     # severe kinds first) unless the other is worse news (a worse state, another blow-up).

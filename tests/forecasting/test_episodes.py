@@ -206,6 +206,34 @@ def test_a_run_that_ends_with_its_loss_just_back_did_not_end_diverged(project):
     assert selectors.episode_at_end(run=run) is None  # not "diverged" on the card or board
 
 
+def test_two_detectors_seeing_one_blow_up_at_once_raise_one_flag():
+    # After the hysteresis, two kinds of one episode (the same reference onset) raised two flags
+    # (tinygpt noclip x1.005: a spike and a regression in the same computation), and the
+    # second's escalation was held as a repeat. One flag, the first's kind, the worse news.
+    from forecasting import episodes
+    from forecasting.conditions import Condition
+
+    def found(kind: str, onset: float, state: str) -> Condition:
+        episode = {"reference": {"onset_step": onset}, "state": state}
+        return Condition(kind, kind, 1.0, onset, {"episode": episode})
+
+    other = Condition("deadline", "odds", 0.5, None, {})
+    out = episodes.one_flag_each(
+        [found("spike", 2645.0, "spiking"), found("regression", 2645.0, "diverged"), other]
+    )
+    assert [(c.kind, c.data["episode"]["state"]) for c in out[:1]] == [("spike", "diverged")]
+    assert out[1:] == [other]
+    # Two episodes (two onsets) stay two.
+    assert (
+        len(
+            episodes.one_flag_each(
+                [found("spike", 10.0, "spiking"), found("rise", 900.0, "spiking")]
+            )
+        )
+        == 2
+    )
+
+
 def test_a_decaying_spike_told_and_resolved_is_not_raised_again(project, monkeypatch):
     """Its onset, searched back on each computation, moves by a point or two as the points
     arrive (made to move here on every computation, as noise does on a real curve); the
