@@ -44,6 +44,20 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants (children are listed per thread in /proc: a worker may be
+    forked from any of them)."""
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        with suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+    return pids
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -114,16 +128,7 @@ class TreeRss(threading.Thread):
         self._page = os.sysconf("SC_PAGE_SIZE")
 
     def tree(self) -> list[int]:
-        pids, todo = [], [self.root]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            # Children are listed per thread; a worker may be forked from any of them.
-            with suppress(OSError):
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
-                        todo.extend(int(c) for c in fh.read().split())
-        return pids
+        return process_tree(self.root)
 
     def sample(self) -> int:
         total = 0

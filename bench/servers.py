@@ -3,7 +3,8 @@ each on a free port of 127.0.0.1, that it may stop, kill -9 and start again.
 
 The machine's shared PostgreSQL (5432) and Redis (6379) are never touched: other sessions and the
 suite run on them. PostgreSQL refuses to run as root: as root the cluster belongs to `postgres`.
-Only the standard library here, so tests (tests/servers.py) and benches share it.
+Only the standard library (and bench.harness, itself stdlib-only) here, so tests
+(tests/servers.py) and benches share it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from bench.harness import free_port, process_tree
 
 
 def postgres_bin() -> Path | None:
@@ -34,19 +31,6 @@ def postgres_bin() -> Path | None:
     # A lone pg_ctl on PATH may be a symlink into the folder that holds the rest.
     found = shutil.which("pg_ctl")
     return Path(found).resolve().parent if found else None
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and all its descendants (children are listed per thread in /proc)."""
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        with suppress(OSError):
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-    return pids
 
 
 def kill_tree(root: int) -> list[int]:
