@@ -21,7 +21,7 @@ from forecasting.estimators import episode_states
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
-from forecasting.selectors import episode_at_end, flags_open
+from forecasting.selectors import ended_diverged_text, episode_at_end, flags_open
 from tracker.links import run_url
 from tracker.models import Event, LatestMetric, Run
 
@@ -126,11 +126,12 @@ def _end_episode(run: Run) -> dict[str, Any]:
     """What the run's loss episode was when the run ended, if one was still open then, and the
     training it had undone."""
     closed = episode_at_end(run=run) or _still_open_episode(run)
-    if closed is None or closed.onset_step is None:
+    text = ended_diverged_text(closed)
+    if closed is None or text is None:
         return {"episode": None}
     episode = closed.data.get("episode") if isinstance(closed.data, dict) else None
     return {
-        "episode": f"diverged at step {fmt.steps(closed.onset_step)}, not recovered",
+        "episode": text,
         **(_undone_context(run, episode) if isinstance(episode, dict) else {}),
     }
 

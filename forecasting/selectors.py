@@ -136,10 +136,15 @@ class RunOutlook:
     def episode_end_text(self) -> str | None:
         """'diverged at step 2,500, not recovered': how a run that ended inside a loss episode
         ended (the end-of-run message says the same)."""
-        end = self.episode_end
-        if end is None or end.onset_step is None:
-            return None
-        return f"diverged at step {fmt.steps(end.onset_step)}, not recovered"
+        return ended_diverged_text(self.episode_end)
+
+
+def ended_diverged_text(end: Flag | None) -> str | None:
+    """'diverged at step 2,500, not recovered' for the row that closed a run's episode at its
+    end (the board, the run page and the end-of-run message say it in these words)."""
+    if end is None or end.onset_step is None:
+        return None
+    return f"diverged at step {fmt.steps(end.onset_step)}, not recovered"
 
 
 OUTLOOK_IDS = ("eta_id", "eta_start_id", "deadline_fc_id", "loss_id", "straggler_fc_id")
