@@ -291,6 +291,22 @@ def test_a_finding_whose_loss_never_left_the_band_is_no_episode_yet():
     assert calm is not None and not calm.left and calm.state == "recovered"
 
 
+def test_one_point_far_outside_its_noise_has_left_the_band():
+    """A single point at x4 moves a median of five not at all, and is what the spike detector
+    pages on purpose: it is an episode (asking the median alone lost 30% of injected spikes)."""
+    rng = np.random.default_rng(3)
+    steps = np.arange(600)
+    loss = 0.5 * np.exp(rng.normal(0.0, 0.01, steps.size))
+    ref = ep.reference_before(steps, loss, 500)
+    assert ref is not None
+    calm = ep.judge(steps, loss, ref)
+    assert calm is not None and not calm.left
+    spiked = loss.copy()
+    spiked[520] *= 4.0
+    j = ep.judge(steps, spiked, ref)
+    assert j is not None and j.left and j.state == "recovered"
+
+
 # --- "back at its level of ...": the training a blow-up undid (issue 22, item 3)
 
 BACK_ONSET = 2510
