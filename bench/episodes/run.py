@@ -33,6 +33,7 @@ from bench.episodes.score import (
     score_healthy,
     summarise,
     table,
+    visible_before_checkpoint,
 )
 
 
@@ -121,6 +122,18 @@ def _scored(
     return out, trace
 
 
+def _visible(
+    rows: list[fs.Row], bad_rows: list[fs.Row], episode: Episode, extras: Extras
+) -> bool | None:
+    """score.visible_before_checkpoint on the loss the server reads (the train loss if any)."""
+    attr = "loss" if any(r.loss is not None for r in rows) else "val"
+    keep = [i for i, r in enumerate(rows) if getattr(r, attr) is not None]
+    steps = np.array([rows[i].step for i in keep], dtype=float)
+    clean = np.array([getattr(rows[i], attr) for i in keep], dtype=float)
+    faulty = np.array([getattr(bad_rows[i], attr) for i in keep], dtype=float)
+    return visible_before_checkpoint((steps, clean), faulty, episode.onset_step, extras.checkpoints)
+
+
 def _run_job(job: Job) -> tuple[int, list[Scored], list[str], bool]:
     loaded = fs.load_rows(job.path)
     if loaded is None:
@@ -141,6 +154,7 @@ def _run_job(job: Job) -> tuple[int, list[Scored], list[str], bool]:
         rng = random.Random(f"{job.seed}:{job.path.name}:{shape}")
         bad_rows, episode = inject_episode(rows, shape, rng)
         more, lines = _scored(job, bad_rows, total, extras, [episode], 2 + k)
+        more[0].visible_before_checkpoint = _visible(rows, bad_rows, episode, extras)
         scored += more
         trace += lines
     return job.index, scored, trace, True

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from bench.episodes.data import Episode
+from forecasting.estimators import episodes
 
 # forecasting.models.Flag.DIVERGENCE_KINDS, kept here so the scoring imports no Django.
 DIVERGENCE_KINDS = ("nan", "spike", "rise", "oscillation", "regression")
@@ -45,6 +46,10 @@ class Scored:
     # Checkpoints between the earliest advised rollback and the onset: a rollback safely before
     # the onset can still throw away more training than it had to.
     rollback_skipped: int | None = None
+    # Injected: whether the fault stood outside one point's noise band before the first
+    # checkpoint after its onset (the one a rollback must not pass). When it did not, the
+    # points cannot tell any method that the onset came before that checkpoint.
+    visible_before_checkpoint: bool | None = None
     end_open: bool = False
     messages: int = 0
     held: int = 0
@@ -157,6 +162,10 @@ def episode_summary(eps: list[Scored]) -> dict[str, Any]:
         },
         "rollback_before_onset_share": _share([e.rollback_ok for e in eps]),
         "rollback_scored": sum(e.rollback_ok is not None for e in eps),
+        "rollback_before_onset_share_where_visible": _share(
+            [e.rollback_ok for e in eps if e.visible_before_checkpoint is not False]
+        ),
+        "not_visible_before_checkpoint": sum(e.visible_before_checkpoint is False for e in eps),
         "rollback_checkpoints_skipped": _stats(
             [float(e.rollback_skipped) for e in eps if e.rollback_skipped is not None]
         ),
@@ -166,6 +175,27 @@ def episode_summary(eps: list[Scored]) -> dict[str, Any]:
         "escalations": sum(e.escalations for e in eps),
         "escalations_not_sent": sum(e.escalations_held for e in eps),
     }
+
+
+def visible_before_checkpoint(
+    clean: tuple[np.ndarray, np.ndarray],
+    faulty: np.ndarray,
+    onset_step: float,
+    checkpoints: list[float],
+) -> bool | None:
+    """Whether an injected fault's loss (`faulty`, at the clean curve's steps) stood above one
+    point's noise band of the run before it (episodes.Reference.point_band) at a point before
+    the first checkpoint after its onset. None: no reference, or no checkpoint after it."""
+    steps, values = clean
+    ref = episodes.reference_before(steps, values, onset_step)
+    after = [c for c in checkpoints if c > onset_step]
+    if ref is None or not after:
+        return None
+    window = (steps >= onset_step) & (steps < after[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.log(faulty[window]) - np.log(values[window])
+    # A NaN the fault writes is as visible as a point can be.
+    return bool(np.any(~np.isfinite(faulty[window]) | (excess > ref.point_band())))
 
 
 def false_alert_rates(healthy: list[Scored]) -> dict[str, Any]:

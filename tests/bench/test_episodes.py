@@ -17,7 +17,13 @@ import pandas as pd
 import pytest
 
 from bench.episodes.data import Episode, documented_episodes, inject_episode
-from bench.episodes.score import FlagRow, Scored, score_episode, summarise
+from bench.episodes.score import (
+    FlagRow,
+    Scored,
+    score_episode,
+    summarise,
+    visible_before_checkpoint,
+)
 from bench.flagstream import Row
 from tests.bench import episode_fixtures
 
@@ -183,3 +189,20 @@ def test_an_injected_onset_is_a_row_that_logs_the_loss() -> None:
     for seed in range(5):
         _, ep = inject_episode(rows, "nan", random.Random(seed))
         assert ep.onset_step % 50 == 0
+
+
+def test_a_fault_is_visible_before_a_checkpoint_only_once_it_leaves_the_noise() -> None:
+    """A swing that grows from nothing stays inside the noise of the run up to a checkpoint
+    close after its onset (no method could put the onset before it), and leaves it by one far
+    later; a spike is visible at once."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(0.0, 2000.0)
+    clean = 2.0 * np.exp(rng.normal(0.0, 0.02, steps.size))
+    d = np.where(steps >= 1000, steps - 1000, 0.0)
+    grown = clean * np.exp(0.3 * d / 1000 * (1 + np.sin(2 * np.pi * d / 40)))
+    assert visible_before_checkpoint((steps, clean), grown, 1000.0, [500.0, 1010.0]) is False
+    assert visible_before_checkpoint((steps, clean), grown, 1000.0, [500.0, 1400.0]) is True
+    spiked = clean.copy()
+    spiked[1000] *= 4
+    assert visible_before_checkpoint((steps, clean), spiked, 1000.0, [1010.0]) is True
+    assert visible_before_checkpoint((steps, clean), grown, 1000.0, [900.0]) is None
