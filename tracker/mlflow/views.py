@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import Error as DatabaseDriverError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from config import errors
 from tracker import query
 from tracker import services as tracker_services
 from tracker.limits import echo
@@ -471,11 +472,20 @@ def _respond(call: Callable[[], Data]) -> HttpResponse:
         )
         field = f" ({exc.field})" if exc.field else ""
         return JsonResponse({"error_code": code, "message": exc.message + field}, status=exc.status)
-    except DatabaseError:
+    except DatabaseDriverError as exc:
+        # django.db.Error: a dropped connection raises InterfaceError, which no DatabaseError
+        # handler catches (it answered Django's HTML 500 to a client that would have retried).
+        if not errors.database_unavailable(exc):
+            # An IntegrityError or DataError is a bug or the request's fault, not an outage to
+            # wait out; its text can quote the schema or the request, so it stays in the log.
+            logger.exception("MLflow API request failed")
+            body = {"error_code": "INTERNAL_ERROR", "message": errors.INTERNAL_ERROR}
+            return JsonResponse(body, status=500)
         # The client retries 503s with backoff: a database hiccup must not lose its points.
-        logger.exception("MLflow API request failed on the database")
-        body = {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "database unavailable; retry"}
-        return JsonResponse(body, status=503)
+        logger.warning("MLflow API request found the database unavailable: %s", exc)
+        return errors.unavailable_response(
+            {"error_code": "TEMPORARILY_UNAVAILABLE", "message": errors.DATABASE_UNAVAILABLE}
+        )
 
 
 @csrf_exempt
