@@ -1,5 +1,6 @@
 """The one outbound HTTP seam: every Slack and webhook request goes through post_json, and the
-liveness sweep's probe of the web tier through get_status.
+liveness sweep's probe of the web tier through get_status. Email goes through SMTPBackend
+(the default EMAIL_BACKEND), which keeps the same one-deadline rule for the operator's server.
 
 Any project member chooses where these requests go, so the seam is a guard against server-side
 request forgery (the rule healthchecks applies to its integrations):
@@ -27,11 +28,13 @@ be interrupted; the system resolver has its own timeouts).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import ipaddress
 import json
 import logging
 import re
+import smtplib
 import socket
 import ssl
 import time
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.core.mail.backends import smtp
 
 logger = logging.getLogger(__name__)
 
@@ -351,3 +355,55 @@ def get_status(
         return None  # refused, timed out, not HTTP, a malformed URL
     finally:
         connection.close()
+
+
+# --- SMTP: the operator's mail server (from the settings: no address check), one deadline ---
+
+
+class _DeadlineSMTP(smtplib.SMTP):
+    """smtplib.SMTP whose socket keeps to one deadline for the whole conversation: the
+    connection's timeout alone is per socket operation, and a server answering a byte at a
+    time held a worker for as long as it liked."""
+
+    def __init__(self, host: str = "", port: int = 0, *, deadline: Deadline, **kwargs: Any):
+        self.deadline = deadline  # before connect(), which __init__ calls
+        super().__init__(host, port, **kwargs)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return vetted_socket(host, port, self.deadline, trusted=True)
+
+    # Keyword context only (as Django calls it): smtplib's keyfile/certfile are deprecated.
+    def starttls(self, *, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:  # type: ignore[override]
+        context = context or ssl.create_default_context()
+        context.sslsocket_class = _DeadlineSSLSocket
+        if self.sock is not None:
+            self.sock.settimeout(self.deadline.remaining())  # the handshake is one call
+        reply = super().starttls(context=context)
+        if isinstance(self.sock, _DeadlineSSLSocket):
+            self.sock.deadline = self.deadline
+        return reply
+
+
+class _DeadlineSMTPSSL(smtplib.SMTP_SSL):
+    def __init__(self, host: str = "", port: int = 0, *, deadline: Deadline, **kwargs: Any):
+        self.deadline = deadline
+        super().__init__(host, port, **kwargs)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = vetted_socket(host, port, self.deadline, trusted=True)
+        self.context.sslsocket_class = _DeadlineSSLSocket
+        tls_sock = self.context.wrap_socket(sock, server_hostname=host)
+        assert isinstance(tls_sock, _DeadlineSSLSocket)
+        tls_sock.deadline = self.deadline
+        return tls_sock
+
+
+class SMTPBackend(smtp.EmailBackend):
+    """Django's SMTP backend, with EMAIL_TIMEOUT (RUNCAST_ALERTS_SMTP_TIMEOUT for alerts) the
+    deadline of a whole send from its connect: greeting, TLS, login, every command and reply."""
+
+    @property
+    def connection_class(self) -> Any:
+        # Read once per open(): each connection gets its own deadline from that moment.
+        cls = _DeadlineSMTPSSL if self.use_ssl else _DeadlineSMTP
+        return functools.partial(cls, deadline=Deadline(self.timeout or DEFAULT_TIMEOUT_S))

@@ -225,7 +225,9 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUNCAST_BROKER_VISIBILITY_TIMEOUT_S}
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+# Django's SMTP backend with one deadline per email (config/outbound.py SMTPBackend): its own
+# timeout is per socket operation, and a server answering a byte at a time held a worker.
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="config.outbound.SMTPBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -239,7 +241,8 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="runcast@localhost")
 RUNCAST_SLACK_WEBHOOK_URL = env.str("RUNCAST_SLACK_WEBHOOK_URL", default="")
 RUNCAST_ALERT_EMAIL = env.str("RUNCAST_ALERT_EMAIL", default="")
 # Seconds: the deadline of a whole Slack/webhook request (connect to last byte read,
-# config/outbound.py); SMTP's is per socket operation (Django's mail backend).
+# config/outbound.py). RUNCAST_ALERTS_SMTP_TIMEOUT: the same for a whole email (connect,
+# greeting, TLS, login, every command) through config.outbound.SMTPBackend.
 RUNCAST_ALERTS_HTTP_TIMEOUT = env.float("RUNCAST_ALERTS_HTTP_TIMEOUT", default=10.0)
 # The same deadline for "Send test message", which a member waits for on the page while a web
 # thread is held: a slower endpoint is reported as timed out (alerts.services.channel_test).

@@ -83,7 +83,7 @@ def mailbox(_smtp_server: tuple[Controller, _SmtpHandler], settings: Any) -> Mai
     controller, handler = _smtp_server
     handler.messages.clear()
     handler.envelopes.clear()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_BACKEND = "config.outbound.SMTPBackend"
     settings.EMAIL_HOST = "127.0.0.1"
     settings.EMAIL_PORT = controller.port
     settings.EMAIL_HOST_USER = ""

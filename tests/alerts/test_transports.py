@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from alerts import services
 from alerts.models import Channel, Notification
 from alerts.transports import TransportError
+from alerts.transports.email import send_email
 from alerts.transports.webhook import verify
 from config import outbound as http
 from forecasting.models import Forecast
@@ -259,3 +262,60 @@ def test_it_reports_a_failed_test_message_without_disabling(
     assert services.channel_test(channel=channel) == "Slack answered 403 invalid_token"
     channel.refresh_from_db()
     assert channel.enabled
+
+
+def _smtp_trickler(stop: threading.Event) -> socket.socket:
+    """A loopback SMTP server whose greeting never ends: "220-" continuation lines, one byte
+    every 50 ms. Every read gets a byte well inside any per-operation timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            while not stop.is_set():
+                for byte in b"220-still greeting\r\n":
+                    if stop.wait(0.05):
+                        return
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        return
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def test_an_email_has_one_deadline_however_slowly_the_server_answers(settings: Any) -> None:
+    """Django's SMTP timeout is per socket operation: a server answering a byte at a time held
+    the sending worker for ever. The whole email has RUNCAST_ALERTS_SMTP_TIMEOUT."""
+    stop = threading.Event()
+    listener = _smtp_trickler(stop)
+    settings.EMAIL_BACKEND = "config.outbound.SMTPBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", listener.getsockname()[1]
+    settings.EMAIL_USE_TLS = False
+    settings.RUNCAST_ALERTS_SMTP_TIMEOUT = 0.5
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            send_email(to=["lead@example.com"], subject="s", text="t", html="<p>t</p>")
+            outcome.append(None)
+        except BaseException as e:  # the test reads what it was
+            outcome.append(e)
+
+    sender = threading.Thread(target=send, daemon=True)
+    try:
+        sender.start()
+        sender.join(30)  # a bound on a hang, not a timing: the deadline is 0.5 s
+        assert not sender.is_alive(), "the send was still waiting on the server after 30 s"
+    finally:
+        stop.set()
+        listener.close()
+    assert isinstance(outcome[0], TransportError) and not outcome[0].permanent

@@ -13,9 +13,13 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiosmtpd.controller import Controller
+from django.core.mail import EmailMessage, get_connection
 
+from bench.harness import free_port
 from config import outbound as http
 from tests.alerts.fixtures import TRICKLED_ANSWER, Trickler
 
@@ -102,3 +106,39 @@ def test_it_gives_up_on_a_trickled_answer_over_tls_at_the_deadline(
     assert e.value.message == f"timed out after {DEADLINE_S:g} s"
     assert trickler.sent
     assert time.monotonic() - started < 3 * DEADLINE_S
+
+
+def test_an_email_over_starttls_keeps_to_the_deadline_and_arrives(
+    certificate: tuple[Path, Path], settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SMTP backend's TLS socket carries the deadline too, and a prompt server gets its mail."""
+    cert, key = certificate
+    received: list[bytes] = []
+
+    class Handler:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+            received.append(envelope.content)
+            return "250 OK"
+
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    controller = Controller(
+        Handler(), hostname="127.0.0.1", port=free_port(), tls_context=tls, require_starttls=True
+    )
+    controller.start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the test certificate
+    settings.EMAIL_BACKEND = "config.outbound.SMTPBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "localhost", controller.port
+    settings.EMAIL_USE_TLS, settings.EMAIL_TIMEOUT = True, DEADLINE_S
+    try:
+        backend = get_connection()
+        assert isinstance(backend, http.SMTPBackend) and backend.open()
+        assert backend.connection is not None
+        sock = backend.connection.sock
+        assert isinstance(sock, ssl.SSLSocket) and getattr(sock, "deadline", None) is not None
+        sent = EmailMessage("s", "over TLS", "a@example.com", ["b@example.com"], connection=backend)
+        assert sent.send() == 1
+        backend.close()
+    finally:
+        controller.stop()
+    assert b"over TLS" in received[0]
