@@ -8,6 +8,7 @@ import os
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,27 @@ def _visible(
     return visible_before_checkpoint((steps, clean), faulty, episode.onset_step, extras.checkpoints)
 
 
+def visibility(jobs: list[Job]) -> dict[str, Any]:
+    """Per shape, how many injected faults stood outside one point's noise before the checkpoint
+    a rollback must not pass (score.visible_before_checkpoint): the rest no loss-only method
+    can place before it. The same injections as the replays (one random stream per shape)."""
+    counts: dict[str, Counter[str]] = {shape: Counter() for shape in SHAPES}
+    for job in jobs:
+        loaded = fs.load_rows(job.path) if job.healthy else None
+        if loaded is None:
+            continue
+        rows = loaded[0]
+        extras = load_extras(job.path, job.events, rows)
+        for shape in SHAPES:
+            rng = random.Random(f"{job.seed}:{job.path.name}:{shape}")
+            bad_rows, episode = inject_episode(rows, shape, rng)
+            seen = _visible(rows, bad_rows, episode, extras)
+            counts[shape]["unknown" if seen is None else "visible" if seen else "not_visible"] += 1
+    return {"bench": "episodes-visibility", "seed": jobs[0].seed if jobs else None} | {
+        shape: dict(sorted(c.items())) for shape, c in counts.items()
+    }
+
+
 def _run_job(job: Job) -> tuple[int, list[Scored], list[str], bool]:
     loaded = fs.load_rows(job.path)
     if loaded is None:
@@ -193,8 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--trace", action="store_true", help="print each episode's flag stream")
     parser.add_argument("--database-url", default=None, help="default: a SQLite file per process")
+    parser.add_argument(
+        "--visibility",
+        action="store_true",
+        help="no replay: for every shape injected into every healthy run, whether the loss "
+        "showed it before the first checkpoint after its onset (seconds, not minutes)",
+    )
     args = parser.parse_args(argv)
     jobs = _jobs(args.directory, args.seed, min(max(args.per_run, 0), len(SHAPES)), args.limit)
+    if args.visibility:
+        print(json.dumps(visibility(jobs)))
+        return 0
     jobs.sort(key=lambda j: -j.path.stat().st_size)  # longest first
     scored: list[tuple[int, list[Scored], list[str]]] = []
     skipped = 0

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from bench.episodes.data import Episode, documented_episodes, inject_episode
+from bench.episodes.run import _jobs, visibility
 from bench.episodes.score import (
     FlagRow,
     Scored,
@@ -206,3 +207,13 @@ def test_a_fault_is_visible_before_a_checkpoint_only_once_it_leaves_the_noise() 
     spiked[1000] *= 4
     assert visible_before_checkpoint((steps, clean), spiked, 1000.0, [1010.0]) is True
     assert visible_before_checkpoint((steps, clean), grown, 1000.0, [900.0]) is None
+
+
+def test_visibility_counts_every_shape_injected_into_every_healthy_run() -> None:
+    """`--visibility` injects each shape into each healthy run as the replays do: on the tinygpt
+    set (4 healthy runs, a checkpoint every 100 steps) a spike is seen at once and an
+    oscillation growing from zero never before the next checkpoint."""
+    jobs = _jobs(REPO / "bench" / "data" / "tinygpt", seed=0, per_run=1, limit=None)
+    counts = visibility(jobs)
+    assert counts["spike"] == {"visible": 4} and counts["nan"] == {"visible": 4}
+    assert counts["oscillation"] == {"not_visible": 4}
