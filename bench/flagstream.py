@@ -31,7 +31,7 @@ import time
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -574,10 +574,43 @@ def _run_job(job: Job) -> tuple[int, list[Replay], bool]:
         return job.index, [], False
     rows, total = loaded
     out = [replay(job.path, rows, total, None, job.seed)] if job.healthy else []
+    if job.fault == "none":
+        return job.index, out, True
     rng = random.Random(f"{job.seed}:{job.path.name}")
     bad_rows, fault = inject(rows, job.fault, rng)
     out.append(replay(job.path, bad_rows, total, fault, job.seed))
     return job.index, out, True
+
+
+def select_jobs(
+    directory: Path,
+    *,
+    seed: int,
+    limit: int | None = None,
+    only: str | None = None,
+    fault: str | None = None,
+    faults_only: bool = False,
+    healthy_only: bool = False,
+    rotation_faults: list[str] | None = None,
+) -> list[Job]:
+    """A job per run file: its healthy replay (unless documented faulty) and one fault, by
+    rotation unless `fault` names one; `rotation_faults` keeps the rotation's runs of those
+    faults; `healthy_only` drops the faults (fault "none")."""
+    documented = documented_faults(directory)
+    files = [f for f in run_files(directory) if not only or only in f.name]
+    jobs = [
+        Job(i, path, fault or FAULTS[i % len(FAULTS)], path.name not in documented, seed)
+        for i, path in enumerate(files[:limit])
+    ]
+    if rotation_faults:
+        if unknown := set(rotation_faults) - set(FAULTS):
+            raise ValueError(f"--rotation-faults: no fault {', '.join(sorted(unknown))}")
+        jobs = [j for j in jobs if j.fault in rotation_faults]
+    if faults_only:
+        jobs = [replace(j, healthy=False) for j in jobs]
+    if healthy_only:
+        jobs = [replace(j, fault="none") for j in jobs if j.healthy]
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -591,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault", choices=FAULTS, default=None, help="inject only this fault")
     parser.add_argument("--faults-only", action="store_true", help="skip the healthy replays")
     parser.add_argument(
+        "--healthy-only", action="store_true", help="only the healthy replays (false alerts)"
+    )
+    parser.add_argument(
         "--rotation-faults",
         default=None,
         help="comma-separated: keep the fault rotation, replay only the runs it gives these "
@@ -599,23 +635,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default=None, help="default: a SQLite file per process")
     args = parser.parse_args(argv)
 
-    documented = documented_faults(args.directory)
-    files = [f for f in run_files(args.directory) if not args.only or args.only in f.name]
-    jobs = [
-        Job(
-            i,
-            path,
-            args.fault or FAULTS[i % len(FAULTS)],
-            path.name not in documented and not args.faults_only,
-            args.seed,
+    try:
+        jobs = select_jobs(
+            args.directory,
+            seed=args.seed,
+            limit=args.limit,
+            only=args.only,
+            fault=args.fault,
+            faults_only=args.faults_only,
+            healthy_only=args.healthy_only,
+            rotation_faults=args.rotation_faults.split(",") if args.rotation_faults else None,
         )
-        for i, path in enumerate(files[: args.limit])
-    ]
-    if args.rotation_faults:
-        wanted = set(args.rotation_faults.split(","))
-        if unknown := wanted - set(FAULTS):
-            parser.error(f"--rotation-faults: no fault {', '.join(sorted(unknown))}")
-        jobs = [j for j in jobs if j.fault in wanted]
+    except ValueError as e:
+        parser.error(str(e))
     # Longest first, so the last process does not start the longest run alone.
     jobs.sort(key=lambda j: -j.path.stat().st_size)
     healthy: list[Replay] = []
