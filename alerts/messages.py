@@ -23,7 +23,7 @@ from forecasting.estimators.deadline import on_time_tone
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import ended_diverged_text, episode_at_end, flags_open
 from tracker.links import run_url
-from tracker.models import Event, LatestMetric, Run
+from tracker.models import ASSUMED_PROCESSES_NOTE, Event, LatestMetric, Run
 
 # How a run ends, as a notification's kind (its event is "ended").
 RUN_ENDINGS = ("finished", "failed", "crashed")
@@ -64,6 +64,11 @@ def _num(data: dict[str, Any], key: str) -> float | None:
     return float(value)
 
 
+def _assumed(data: dict[str, Any]) -> str:
+    """A cost priced on a run that reports no world size says so (Run.priced_processes)."""
+    return f" ({ASSUMED_PROCESSES_NOTE})" if data.get("cost_assumed") else ""
+
+
 def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     gpus = run.world_size
     return {
@@ -77,7 +82,7 @@ def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
         else None,
         "wasted": fmt.span(_num(data, "wasted_s")) if _num(data, "wasted_s") is not None else None,
         "gpus": gpus,
-        "cost": fmt.money(cost, run.project.currency)
+        "cost": fmt.money(cost, run.project.currency) + _assumed(data)
         if (cost := _num(data, "cost")) is not None
         else None,
         "layers_first": ", ".join(str(x) for x in data.get("layers_first") or [])[:200],
@@ -118,7 +123,9 @@ def _undone_context(run: Run, episode: dict[str, Any]) -> dict[str, Any]:
         "back_at_when": fmt.when(at, run.project.tzinfo) if at is not None else None,
         "back_at_beyond": episode.get("back_at_beyond") is True,
         "undone": undone,
-        "undone_cost": fmt.money(cost, run.project.currency) if cost is not None else None,
+        "undone_cost": fmt.money(cost, run.project.currency) + _assumed(episode)
+        if cost is not None
+        else None,
     }
 
 

@@ -27,8 +27,6 @@ CRASH_KEEP = timedelta(hours=72)
 # Runs that need someone: they sort above every running run, red.
 TROUBLE = (Run.Status.CRASHED, Run.Status.FAILED, Run.Status.STALLED)
 BOARD_MAX_RUNS = 500
-# What a run that reports no world size is priced on.
-ASSUMED_PROCESSES = 1
 
 
 @dataclass
@@ -40,7 +38,7 @@ class RunView(RunOutlook):
     cost_so_far: float | None = None
     cost_to_finish: float | None = None
     # The processes the cost is priced on, and whether that is the run's word or the default
-    # (a run that reports no world size is priced as ASSUMED_PROCESSES, and pages say so).
+    # (a run that reports no world size is priced as one process, and pages say so).
     gpu_count: int | None = None
     gpu_count_assumed: bool = False
     # GPU-hours measured by the host agents on the run's GPUs: its own vs others' (or None).
@@ -108,11 +106,9 @@ def end_outcome(run: Run) -> str | None:
 
 def _cost(out: RunView, now: datetime) -> None:
     run = out.run
-    # A single process started without a launcher or a framework that says so reports no
-    # world size; one process is then the likely count, and a cost that says "1 process
-    # assumed" answers more than a dash.
-    out.gpu_count_assumed = not run.world_size
-    gpus = out.gpu_count = run.world_size or ASSUMED_PROCESSES
+    # A cost that says "1 process assumed" answers more than a dash (Run.priced_processes).
+    gpus, out.gpu_count_assumed = run.priced_processes
+    out.gpu_count = gpus
     end = run.ended_at or (now if run.is_active else run.last_seen_at)
     out.gpu_hours_so_far = gpus * max(0.0, (end - run.started_at).total_seconds()) / 3600
     if out.finish is not None:

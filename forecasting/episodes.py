@@ -26,7 +26,7 @@ from forecasting.estimators import thresholds as th
 from forecasting.estimators.divergence import GRAD_NORM_PREFIX
 from forecasting.estimators.formatting import money, span
 from forecasting.models import Flag
-from tracker.models import Run
+from tracker.models import ASSUMED_PROCESSES_NOTE, Run
 from tracker.series import Series
 
 # Loss kinds an episode holds (a NaN is its own event: exact onset, nothing to re-learn).
@@ -73,7 +73,11 @@ def _text(
     cost = data.get("cost")
     spent = ""
     if isinstance(wasted, int | float):
-        price = f", about {money(cost, run.project.currency)} in GPU cost" if cost else ""
+        price = (
+            f", about {money(cost, run.project.currency)} in GPU cost{_assumed(data)}"
+            if cost
+            else ""
+        )
         spent = f" {span(wasted)} of training since onset{price}."
     where = (
         f" Last checkpoint before onset: step {rollback:,.0f}."
@@ -135,7 +139,7 @@ def _as_episode(
 
 def _spent_since(
     series: Series, run: Run, onset: float, until: float | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The training time and GPU cost since the episode's onset, to `until` (a step; the run's
     last point by default)."""
     ok = np.isfinite(series.times)
@@ -144,10 +148,11 @@ def _spent_since(
     steps, times = series.steps[ok].astype(float), series.times[ok]
     end = float(times[-1]) if until is None else float(np.interp(until, steps, times))
     wasted = max(0.0, end - float(np.interp(onset, steps, times)))
-    out = {"wasted_s": wasted}
+    out: dict[str, Any] = {"wasted_s": wasted}
     price = run.project.gpu_hour_price
-    if run.world_size and price is not None:
-        out["cost"] = wasted / 3600.0 * run.world_size * float(price)
+    if price is not None:
+        processes, out["cost_assumed"] = run.priced_processes
+        out["cost"] = wasted / 3600.0 * processes * float(price)
     return out
 
 
@@ -176,8 +181,10 @@ def _undone(series: Series, run: Run, ref: ep.Reference, j: ep.Judgement) -> dic
     price = run.project.gpu_hour_price
     if undone is not None:
         out["undone_s"] = undone
-        if run.world_size and price is not None:
-            out["undone_cost"] = undone / 3600.0 * run.world_size * float(price)
+        if price is not None:
+            processes, assumed = run.priced_processes
+            out["undone_cost"] = undone / 3600.0 * processes * float(price)
+            out["cost_assumed"] = assumed
     return out
 
 
@@ -203,7 +210,9 @@ def _undone_text(episode: dict[str, Any], currency: str) -> str:
         return ""
     cost = episode.get("undone_cost")
     rate = (
-        f" (≈ {money(cost, currency)} at the run's rate)" if isinstance(cost, int | float) else ""
+        f" (≈ {money(cost, currency)} at the run's rate{_assumed(episode, ',')})"
+        if isinstance(cost, int | float)
+        else ""
     )
     every = "all " if beyond else ""
     return f" Loss {level:.4g} is {where}: {every}{amount} of training undone{rate}."
@@ -408,8 +417,19 @@ def _lasted(series: Series, run: Run, ref: ep.Reference, j: ep.Judgement) -> str
     if "wasted_s" not in spent:
         return ""
     cost = spent.get("cost")
-    price = f" (≈ {money(cost, run.project.currency)} at the run's rate)" if cost else ""
+    price = (
+        f" (≈ {money(cost, run.project.currency)} at the run's rate{_assumed(spent, ',')})"
+        if cost
+        else ""
+    )
     return f" It lasted {span(spent['wasted_s'])}{price}."
+
+
+def _assumed(data: dict[str, Any], sep: str = "") -> str:
+    """ " (1 process assumed)" after a cost priced on a run that reports no world size."""
+    if not data.get("cost_assumed"):
+        return ""
+    return f"{sep} {ASSUMED_PROCESSES_NOTE}" if sep else f" ({ASSUMED_PROCESSES_NOTE})"
 
 
 def _ending_text(

@@ -128,6 +128,12 @@ class Deadline(models.Model):
         return self.cutoff - self.buffer
 
 
+# What a run that reports no world size is priced on (Run.priced_processes), and what every
+# figure priced on it says beside it.
+ASSUMED_PROCESSES = 1
+ASSUMED_PROCESSES_NOTE = f"{ASSUMED_PROCESSES} process assumed"
+
+
 class Run(models.Model):
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -196,6 +202,15 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE_STATUSES
+
+    @property
+    def priced_processes(self) -> tuple[int, bool]:
+        """The processes a GPU cost is priced on, and whether that is assumed: a single
+        process started without a launcher reports no world size, and one process is then the
+        likely count (every figure priced on it says "1 process assumed")."""
+        if self.world_size:
+            return self.world_size, False
+        return ASSUMED_PROCESSES, True
 
     @property
     def has_ended(self) -> bool:

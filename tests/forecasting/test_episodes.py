@@ -170,6 +170,31 @@ def test_a_spike_that_comes_back_resolves_once_back_for_a_sustained_stretch(proj
     assert "It lasted " in resolved[0].explanation
 
 
+def test_a_run_without_a_world_size_is_priced_on_one_process_and_says_so(project):
+    """The board prices a run that reports no world size as one process ("1 process
+    assumed"); the episode's costs did not price it at all. One rule: the flag, its undone
+    training and the alert's facts all carry the cost, each saying it is assumed."""
+    from alerts.messages import context_for, render
+    from tracker.models import ASSUMED_PROCESSES_NOTE, Run
+
+    run = make_run(project, total=6000)
+    Run.objects.filter(pk=run.pk).update(world_size=None)
+    run.refresh_from_db()
+    steps = np.arange(3000)
+    replay(run, steps, falling_then_blown_up(steps))
+    flag = Flag.objects.filter(run=run, kind__in=LOSS_KINDS).order_by("-created_at", "-id")[0]
+    episode = flag.data["episode"]
+    assert flag.data["cost"] == pytest.approx(flag.data["wasted_s"] / 3600 * 1 * 2.5)
+    assert episode["undone_cost"] == pytest.approx(episode["undone_s"] / 3600 * 1 * 2.5)
+    assert f"in GPU cost ({ASSUMED_PROCESSES_NOTE})." in flag.explanation
+    assert f"at the run's rate, {ASSUMED_PROCESSES_NOTE})." in flag.explanation
+    ctx = context_for(
+        run=run, kind=flag.kind, event="raised", severity="warning", flag=flag, at=at(0)
+    )
+    facts = dict(render(ctx, {}).facts)
+    assert facts["Cost since onset"].endswith(f"({ASSUMED_PROCESSES_NOTE})")
+
+
 def test_a_spike_back_under_a_loss_still_falling_fast_is_recovered():
     # A warm-down drops the loss ~40% over the last twenty points: a trend, not a swing (it
     # held 37 of 49 spikes injected into modded-nanogpt curves open to the runs' ends).
