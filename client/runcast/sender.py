@@ -66,6 +66,8 @@ class Sender(threading.Thread):
         self.blocked = False
         self.backlog = False
         self._outbox: collections.deque[Sealed] = collections.deque()
+        # The create request when it could be neither sent nor spooled (open()).
+        self._unsent_create: bytes | None = None
         self._claimed = False
         self._close_requested = threading.Event()
         self._status = "finished"
@@ -105,7 +107,10 @@ class Sender(threading.Thread):
         if verdict is Verdict.OK:
             self.on_created(response[1])
             return
-        self._spool_write(spool_mod.CREATE, create_body)
+        if not self._spool_write(spool_mod.CREATE, create_body):
+            # Lost with an unwritable spool, every later batch would meet a run the server
+            # never heard of (404: blocked for good). It waits here and goes first.
+            self._unsent_create = create_body
         if verdict is Verdict.BLOCKED:
             self._block(response, "create")
         else:
@@ -224,10 +229,34 @@ class Sender(threading.Thread):
         if self.offline or self.blocked:
             self._spool_outbox()
             return
+        if self._unsent_create is not None and not self._send_unsent_create(now, closing):
+            self._spool_outbox()
+            return
         if self.backlog and not self._replay_backlog(now, closing):
             self._spool_outbox()
             return
         self._send_outbox(now)
+
+    def _send_unsent_create(self, now: float, closing: bool) -> bool:
+        """Send the create that could not be spooled, when a probe is due; True once sent."""
+        if not closing and now < self._next_probe:
+            return False
+        assert self._unsent_create is not None
+        # Retried as a live batch is: it stands where the batches' first send would.
+        response = self.client.post(
+            "create", self.run_id, self._unsent_create, retries=self.settings.max_retries
+        )
+        verdict = classify("create", response[0])
+        if verdict is Verdict.OK:
+            self._unsent_create = None
+            self.on_created(response[1])
+            self._server_answered()
+            return True
+        if verdict is Verdict.BLOCKED:
+            self._block(response, "create")
+        else:
+            self._schedule_probe(now)
+        return False
 
     def _replay_backlog(self, now: float, closing: bool) -> bool:
         """Replay the spool if it is time to; True once it is empty."""

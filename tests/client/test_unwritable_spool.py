@@ -155,3 +155,27 @@ def test_it_says_how_many_spooled_files_it_replayed(
     assert replayed >= 4  # the create and at least three batches
     assert f"{replayed} spooled file(s) replayed" in back.getMessage()
     assert run.stats()["points_dropped"] == 0
+
+
+def test_a_create_that_could_not_be_spooled_is_sent_once_the_server_answers(
+    make_settings: MakeSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server is unavailable at init and the spool cannot be written: the create was lost
+    with it, and every batch after the outage met a run the server never heard of (404: the
+    run was blocked for good). The create waits in memory and goes first."""
+    server = FakeServer().start()
+    server.script("create", (503, {"error": "database unavailable; retry later"}, {}))
+    settings = make_settings(server.url, dir=_unwritable_dir(tmp_path), batch_points=100)
+    try:
+        run = runcast.init(settings=settings)
+        assert isinstance(run, runcast.Run)
+        with caplog.at_level(logging.INFO, logger="runcast"):
+            _log_until(run, lambda: run.stats()["points_sent"] > 0)
+            run.finish()
+    finally:
+        server.stop()
+    stats = run.stats()
+    assert not stats["blocked"]
+    assert server.state.count("create") == 2  # the refused one, then the one that took
+    assert stats["points_sent"] == server.state.total_points() > 0
+    assert [f["status"] for f in server.run(run.id).finishes] == ["finished"]
