@@ -72,6 +72,10 @@ def test_it_emails_plain_text_and_html_with_the_numbers(run: Run, mailbox: Mailb
 def test_it_says_a_deadline_risk_in_the_leads_language(
     project: Any, mailbox: Mailbox, no_default_slack: None
 ) -> None:
+    # The clock rule: a message's times are in the project's zone, with the offset, whatever
+    # zone the deadline was announced in (deadline emails said PST and JST beside CET pages).
+    project.timezone = "Europe/Berlin"
+    project.save(update_fields=["timezone"])
     shanghai = "Asia/Shanghai"
     deadline = Deadline.objects.create(
         project=project,
@@ -118,11 +122,13 @@ def test_it_says_a_deadline_risk_in_the_leads_language(
 
     text, _ = mailbox.bodies(mailbox.messages[0])
     assert text.splitlines()[0] == (
-        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 18:00 "
-        "CST (UTC+8), 3 days buffer): P50 finish moved from 05-28 12:00 CST (UTC+8) to "
-        "06-03 11:40 CST (UTC+8) in 24 h; 12% chance "
-        "to make it; it needs 18% more throughput"
+        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 12:00 "
+        "CEST (UTC+2), 3 days buffer): P50 finish moved from 05-28 06:00 CEST (UTC+2) to "
+        "06-03 05:40 CEST (UTC+2) in 24 h; 12% chance "
+        "to make it; for 90% it needs +18% throughput or 12,000 fewer steps"
     )
+    # The figure in the one wording of the board, the card and the flag (formatting.speedup).
+    assert "For 90%: +18% throughput" in text and "more throughput" not in text
 
 
 @pytest.mark.parametrize(
