@@ -216,9 +216,8 @@ def test_a_killed_run_says_where_it_got_to_and_how_to_resume(
     assert resume in text
     assert "runcast.init(id=&quot;tinygpt-kill&quot;, ...)" in html
     (hook,) = sink.to("/hook")
-    assert (
-        hook.json()["facts"]["Last checkpoint"] == "step 800 (2 min 20 s before this alert) · /ck/800.pt"
-    )
+    facts = hook.json()["facts"]
+    assert facts["Last checkpoint"] == "step 800 (2 min 20 s before this alert) · /ck/800.pt"
 
 
 def test_a_reported_crash_says_how_to_resume_and_a_run_without_checkpoints_says_so(
