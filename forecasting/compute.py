@@ -190,7 +190,9 @@ def _sustained(
     """Store this computation's reading, then weigh its findings against the readings before
     it (forecasting.hysteresis): the history lives in the database, so a restarted worker sees
     the same."""
-    reading = Reading(now, frozenset(c.kind for c in found), odds, input_step)
+    slip = next((c.data.get("amount_s") for c in found if c.kind == Flag.Kind.SLIP), None)
+    slip_s = float(slip) if isinstance(slip, int | float) else None
+    reading = Reading(now, frozenset(c.kind for c in found), odds, input_step, slip_s)
     _reading_store(run=run, reading=reading)
     window = hysteresis.sustain_window(ran_s=max(0.0, (now - run.started_at).total_seconds()))
     ctx = hysteresis.Context(
@@ -219,6 +221,7 @@ def _reading_store(*, run: Run, reading: Reading) -> None:
             "found": sorted(reading.found),
             "deadline_p": reading.deadline_p,
             "input_step": reading.input_step,
+            "slip_s": reading.slip_s,
         },
     )
 

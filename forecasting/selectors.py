@@ -231,8 +231,8 @@ def condition_readings(*, run: Run, since: datetime, until: datetime) -> list[Re
         run=run, computed_at__gte=since, computed_at__lte=until
     ).order_by("computed_at")
     return [
-        Reading(r.computed_at, frozenset(r.found or ()), r.deadline_p, r.input_step)
-        for r in rows.only("computed_at", "found", "deadline_p", "input_step")
+        Reading(r.computed_at, frozenset(r.found or ()), r.deadline_p, r.input_step, r.slip_s)
+        for r in rows.only("computed_at", "found", "deadline_p", "input_step", "slip_s")
     ]
 
 
