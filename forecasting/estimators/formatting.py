@@ -14,8 +14,9 @@ import math
 import re
 from datetime import UTC, datetime, tzinfo
 
+DASH = "\u2013"  # an en dash, for ranges ("P10-P90" as typeset)
 # Printed where a value is unknown: an en dash, as typeset tables do.
-NONE = "\u2013"
+NONE = DASH
 CURRENCY_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "CNY": "¥"}
 DAY = 86400.0
 # Below this a span is written to the second ("3 min 26 s") and so is a time read against it (a
@@ -141,6 +142,38 @@ def on_time(
     return (
         f"{head}; for 90% it needs {speedup(speedup_for_p90)} or {fewer_steps(steps_cut_for_p90)}"
     )
+
+
+def loss(value: float | None) -> str:
+    """A loss level, in four significant digits wherever it is written: '0.3742', '4479'."""
+    if value is None or not math.isfinite(value):
+        return NONE
+    return f"{value:.4g}"
+
+
+def loss_outlook(
+    now: float | None,
+    p10: float | None,
+    p50: float | None,
+    p90: float | None,
+    *,
+    early: bool = False,
+) -> tuple[str, str, str]:
+    """A loss forecast as the board and the card write it: ('0.3742', '0.3012', 'P10-P90
+    0.2811-0.3254'). A P10 never below zero for a loss that has been positive (what the loss
+    can be); an interval wider than its own median says nothing a lead can use, and is said
+    so instead of printed ('0.3742 -> 4479 (P10-P90 0-6224)' during a spike): ('0.3742', '',
+    'spread too wide to forecast'), or 'early: ...' for an early forecast."""
+    if p50 is None or not math.isfinite(p50):
+        return loss(now), "", ""
+    low = p10 if p10 is not None and math.isfinite(p10) else p50
+    high = p90 if p90 is not None and math.isfinite(p90) else p50
+    if now is not None and now > 0:
+        low = max(low, 0.0)
+    if high - low > abs(p50):
+        why = "early: too few points to forecast" if early else "spread too wide to forecast"
+        return loss(now), "", why
+    return loss(now), loss(p50), f"P10{DASH}P90 {loss(low)}{DASH}{loss(high)}"
 
 
 def step_at(value: float | None) -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -76,8 +76,72 @@ def test_a_small_required_speedup_is_rounded_up(
     client.force_login(owner)
     board = client.get("/").content.decode()
     card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
-    assert "needs +1% speed" in board and "+0%" not in board
+    assert "needs +1% throughput" in board and "+0%" not in board
     assert "For 90%: +1% throughput" in card
+
+
+def test_one_figure_has_one_name_and_one_rounding_on_board_card_and_message(
+    client: Client, owner: User, project: Project
+) -> None:
+    """Seen: one figure written "+141% speed" (board), "+141% throughput" (card) and "140% more
+    throughput" (the flag and the message)."""
+    from alerts.messages import context_for, render
+    from forecasting.estimators import formatting as fmt
+
+    now = timezone.now()
+    deadline = deadline_create(
+        project=project,
+        name="Blind eval",
+        slug="blind-eval",
+        cutoff=now + timedelta(hours=8),
+        timezone="UTC",
+        buffer=timedelta(hours=1),
+    )
+    run = factories.make_run(project, "slow", points=10, deadline=deadline)
+    factories.forecast_set(run, now, finish_in=12 * 3600)
+    risk = {"p_on_time": 0.12, "speedup_for_p90": 1.4051, "steps_cut_for_p90": 2999.4}
+    factories.forecast(run, "deadline", now, explanation="12% likely on time", **risk)
+    words = "+141% throughput or 3,000 fewer steps"
+    # The flag's text (forecasting.compute._deadline_condition writes it with on_time).
+    assert fmt.on_time(0.12, 1.4051, 2999.4) == f"12% likely on time; for 90% it needs {words}"
+    flag = flag_raise(run, "deadline", explanation="", data={**risk, "deadline": "Blind eval"})
+    ctx = context_for(
+        run=run, kind="deadline", event="raised", severity="warning", flag=flag, at=now
+    )
+    message = render(ctx, {})
+    client.force_login(owner)
+    board = client.get("/").content.decode()
+    card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
+    assert "needs +141% throughput" in board and "speed<" not in board
+    assert f"For 90%: {words}" in card
+    assert f"for 90% it needs {words}" in message.headline
+    assert ("For 90%", "+141% throughput") in message.facts
+    for text in (board, card, message.text):
+        assert "more throughput" not in text and "140%" not in text
+
+
+def test_times_on_pages_are_the_readers_and_flag_texts_are_rendered_for_them(
+    client: Client, owner: User, project: Project
+) -> None:
+    """Seen: flag texts in the project's zone ("CST (UTC+8)") beside the viewer's (CET), and
+    the alert history's Note "03:30 UTC" beside a When column in CET. A page writes every time
+    as a <time> the browser puts in the viewer's zone, flag texts and notes included."""
+    from forecasting.estimators import formatting as fmt
+
+    project.timezone = "Asia/Shanghai"
+    project.save(update_fields=["timezone"])
+    run = factories.make_run(project, "slipping", points=10)
+    finish = timezone.now().timestamp() + 7200
+    text = f"ETA slipping: finish slipped from {fmt.stamp(finish - 3600)} to {fmt.stamp(finish)}"
+    flag_raise(run, "slip", explanation=text, data={"amount_s": 3600.0})
+    client.force_login(owner)
+    page = client.get(f"/runs/llm/{run.public_id}/").content.decode()
+    iso = re.escape(datetime.fromtimestamp(finish // 60 * 60, tz=UTC).isoformat())
+    # In the open-flags card and the flag history, as a <time> of that instant.
+    assert len(re.findall(rf'<time data-fmt="when" datetime="{iso}">', page)) == 2
+    assert "CST" not in page and "\u27e6" not in page
+    board = client.get("/").content.decode()
+    assert 'data-stamped-title="ETA slipping: finish slipped from \u27e6' in board
 
 
 def test_pages_name_an_icon_that_exists(client: Client) -> None:

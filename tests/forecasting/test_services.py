@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from forecasting import compute, conditions, flags, liveness, selectors
+from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Deadline, Run, RunSegment
@@ -436,6 +437,10 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
     # Its words follow the odds: "will likely miss" beside "73% likely on time" was a
     # contradiction on the run page.
     assert "is at risk of missing blind eval" in settled[0].explanation
+    # The fix for 90% in the one wording of the board, the card and the message ("+141%
+    # throughput", not "140% more throughput").
+    needed = fmt.speedup(settled[0].data["speedup_for_p90"])
+    assert f"for 90% it needs {needed} or " in settled[0].explanation
     # Likely late even for an early forecast: raised.
     late, odds = conditions(eta(9000.0, early=True))
     assert odds < 0.5 and [c.kind for c in late] == ["deadline"]
