@@ -105,11 +105,12 @@ def iso(epoch: float | datetime | None) -> str:
 
 
 @register.filter
-def utc(epoch: float | None) -> str:
+def utc(epoch: float | None, seconds: bool = False) -> str:
     """The server-side fallback text of a <time> element (JS rewrites it in local time)."""
     if epoch is None:
         return NONE
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%a %d %b %H:%M UTC")
+    form = "%a %d %b %H:%M:%S UTC" if seconds else "%a %d %b %H:%M UTC"
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime(form)
 
 
 @register.filter

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from alerts import selectors, services
 from alerts.models import Channel, Notification
-from forecasting.models import Flag
+from forecasting.models import Flag, Forecast
 from tests.alerts.fixtures import flag_raise
 from tests.dashboard import factories
 from tracker.models import Project, Run
@@ -171,3 +171,97 @@ def test_a_resolve_with_no_channel_says_there_is_no_channel(
     client.force_login(owner)
     html = client.get("/projects/llm/alerts/").content.decode()
     assert "cooldown or failure" not in html
+
+
+def _eta(run: Run, at: datetime, finish: float, spread: float, **data: object) -> None:
+    Forecast.objects.create(
+        run=run,
+        kind="eta",
+        computed_at=at,
+        segment=run.current_segment,
+        input_last_step=int(at.timestamp()),
+        finish_p10=finish - spread,
+        finish_p50=finish,
+        finish_p90=finish + spread,
+        data={"rate_steps_per_s": 30.0, **data},
+    )
+
+
+def test_a_short_runs_finish_is_written_to_the_second(
+    client: Client, owner: User, project: Project
+) -> None:
+    """Seen on a 3-minute run: "P10-P90 03:26 UTC - 03:26 UTC"."""
+    run = factories.make_run(project, "tiny", points=10)
+    now = timezone.now()
+    finish = now.timestamp() + 100
+    _eta(run, now, finish, 20.0)
+    client.force_login(owner)
+    card = client.get(f"/runs/llm/{run.public_id}/summary/").content.decode()
+    low = datetime.fromtimestamp(finish - 20, tz=UTC).strftime("%H:%M:%S")
+    high = datetime.fromtimestamp(finish + 20, tz=UTC).strftime("%H:%M:%S")
+    assert re.search(
+        rf'P10\u2013P90 <time data-fmt="short-s" [^>]*>\w+ \d+ \w+ {low} UTC</time>', card
+    )
+    assert re.search(rf'<time data-fmt="short-s" [^>]*>\w+ \d+ \w+ {high} UTC</time>', card)
+    board = client.get("/").content.decode()
+    assert '<time data-fmt="short-s"' in board
+    # A day-long run keeps minutes.
+    _eta(run, now + timedelta(seconds=1), now.timestamp() + 86400, 3600.0)
+    card = client.get(f"/runs/llm/{run.public_id}/summary/").content.decode()
+    assert 'data-fmt="short"' in card and "short-s" not in card
+
+
+def test_an_early_forecast_says_it_is_early_instead_of_a_spread(
+    client: Client, owner: User, project: Project
+) -> None:
+    """Seen on a 20-second-old run: "slipped 3 min ±17 min" and "-42% vs 1 s ago"."""
+    run = factories.make_run(project, "young", points=10)
+    now = timezone.now()
+    _eta(run, now - timedelta(seconds=1), now.timestamp() + 400, 600.0, early=True)
+    _eta(run, now, now.timestamp() + 580, 1020.0, early=True, rate_steps_per_s=17.4)
+    client.force_login(owner)
+    board = client.get("/").content.decode()
+    card = client.get(f"/runs/llm/{run.public_id}/summary/").content.decode()
+    assert "early estimate" in board and "early estimate" in card
+    for page in (board, card):
+        assert "slipped" not in page and "±" not in page and " ago</div>" not in page
+        assert "vs 1 s ago" not in page and "P10\u2013P90 <time" not in page
+
+
+def test_a_move_over_a_second_is_not_a_move(client: Client, owner: User, project: Project) -> None:
+    """A settled forecast one second after the window's first: no "-42% vs 1 s ago"."""
+    run = factories.make_run(project, "blip", points=10)
+    now = timezone.now()
+    _eta(run, now - timedelta(seconds=1), now.timestamp() + 4000, 600.0)
+    _eta(run, now, now.timestamp() + 4180, 600.0, rate_steps_per_s=17.4)
+    client.force_login(owner)
+    board = client.get("/").content.decode()
+    assert "vs 1 s ago" not in board and "slipped" not in board and "-42%" not in board
+    later = now + timedelta(minutes=5, seconds=-1)
+    _eta(run, later, now.timestamp() + 4480, 600.0, rate_steps_per_s=17.4)
+    board = client.get("/").content.decode()
+    assert "-42% vs 5 min ago" in board and "slipped 8 min" in board
+
+
+def test_a_loss_forecast_during_a_spike_says_its_spread_means_nothing(
+    client: Client, owner: User, project: Project
+) -> None:
+    """Seen: "0.3742 -> 4479 (P10-P90 0-6224)" during a spike."""
+    run = factories.make_run(project, "spiking", points=10)
+    now = timezone.now()
+    loss = {"smoothed_last": 0.37421, "final_step": 5000, "target": None, "model": "power_law"}
+    factories.forecast(run, "loss", now, p10=-1200.0, p50=4479.2, p90=6224.0, **loss)
+    client.force_login(owner)
+    board = client.get("/").content.decode()
+    card = client.get(f"/runs/llm/{run.public_id}/summary/").content.decode()
+    for page in (board, card):
+        assert "spread too wide to forecast" in page and "0.3742" in page
+        assert "4479" not in page and "6224" not in page
+    # A sane forecast reads the same on both, in four significant digits (the board had 3).
+    factories.forecast(
+        run, "loss", now + timedelta(seconds=1), p10=0.28114, p50=0.30123, p90=0.3254, **loss
+    )
+    board = client.get("/").content.decode()
+    card = client.get(f"/runs/llm/{run.public_id}/summary/").content.decode()
+    assert "0.3742 → <b>0.3012</b>" in board and "P10\u2013P90 0.2811\u20130.3254" in board
+    assert "now 0.3742 → 0.3012 at step 5,000 (P10\u2013P90 0.2811\u20130.3254)" in card

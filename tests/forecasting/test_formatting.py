@@ -99,3 +99,25 @@ def test_stamps_are_rendered_in_the_readers_zone() -> None:
     )
     assert fmt.stamp_parts(text) == ["finish at ", (T0 + 7, True), ", was ", (T0, False)]
     assert fmt.render_stamps("no times") == "no times"
+
+
+def test_a_loss_forecast_never_shows_a_p10_below_what_the_loss_can_be() -> None:
+    dash = fmt.DASH
+    # A P10 at or below zero is clipped to zero, and a band from zero is wider than its median:
+    # said, not printed.
+    assert fmt.loss_outlook(2.0, -0.1, 1.8, 2.3) == ("2", "", "spread too wide to forecast")
+    assert fmt.loss_outlook(0.37421, 0.28114, 0.30123, 0.3254) == (
+        "0.3742",
+        "0.3012",
+        f"P10{dash}P90 0.2811{dash}0.3254",
+    )
+    # Seen during a spike: "0.3742 -> 4479 (P10-P90 0-6224)": wider than its median.
+    assert fmt.loss_outlook(0.3742, -1200.0, 4479.0, 6224.0) == (
+        "0.3742",
+        "",
+        "spread too wide to forecast",
+    )
+    assert fmt.loss_outlook(3.0, 0.5, 2.5, 4.5, early=True)[2] == (
+        "early: too few points to forecast"
+    )
+    assert fmt.loss_outlook(3.0, None, None, None) == ("3", "", "")
