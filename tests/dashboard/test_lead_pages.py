@@ -16,7 +16,7 @@ from alerts.models import Channel, Notification
 from forecasting.models import Flag, Forecast
 from tests.alerts.fixtures import flag_raise
 from tests.dashboard import factories
-from tracker.models import Project, Run
+from tracker.models import Deadline, Project, Run
 from tracker.project_settings.services import deadline_create
 
 
@@ -49,12 +49,8 @@ def test_rules_give_the_cooldown_in_words(client: Client, owner: User, project: 
     assert "<td>1 h</td>" in html
 
 
-def test_a_small_required_speedup_is_rounded_up(
-    client: Client, owner: User, project: Project
-) -> None:
-    # The demo board read "89% · needs +0% speed" (0.4% more throughput rounded to nothing).
-    now = timezone.now()
-    deadline = deadline_create(
+def _blind_eval(project: Project, now: datetime) -> Deadline:
+    return deadline_create(
         project=project,
         name="Blind eval",
         slug="blind-eval",
@@ -62,6 +58,14 @@ def test_a_small_required_speedup_is_rounded_up(
         timezone="UTC",
         buffer=timedelta(hours=1),
     )
+
+
+def test_a_small_required_speedup_is_rounded_up(
+    client: Client, owner: User, project: Project
+) -> None:
+    # The demo board read "89% · needs +0% speed" (0.4% more throughput rounded to nothing).
+    now = timezone.now()
+    deadline = _blind_eval(project, now)
     run = factories.make_run(project, "close", points=10, deadline=deadline)
     factories.forecast_set(run, now, finish_in=3600)
     factories.forecast(
@@ -89,14 +93,7 @@ def test_one_figure_has_one_name_and_one_rounding_on_board_card_and_message(
     from forecasting.estimators import formatting as fmt
 
     now = timezone.now()
-    deadline = deadline_create(
-        project=project,
-        name="Blind eval",
-        slug="blind-eval",
-        cutoff=now + timedelta(hours=8),
-        timezone="UTC",
-        buffer=timedelta(hours=1),
-    )
+    deadline = _blind_eval(project, now)
     run = factories.make_run(project, "slow", points=10, deadline=deadline)
     factories.forecast_set(run, now, finish_in=12 * 3600)
     risk = {"p_on_time": 0.12, "speedup_for_p90": 1.4051, "steps_cut_for_p90": 2999.4}
