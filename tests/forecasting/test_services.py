@@ -482,3 +482,25 @@ def test_a_computation_that_dies_after_its_first_row_leaves_none_of_its_rows(pro
     compute.forecast_compute(run_id=run.pk, now=at(4100))
     kinds = Forecast.objects.filter(run=run, input_last_step=4099).values_list("kind", flat=True)
     assert sorted(kinds) == ["eta", "loss"]
+
+
+def test_an_onset_between_logged_steps_reads_the_same_on_the_chart_and_in_the_email(
+    client, owner, project
+):
+    """Seen: onset 2497 on the chart (the flag's onset_step, cut by int()) and 2,498 in the
+    email (the data's 2497.6, rounded)."""
+    from alerts.messages import context_for
+
+    run = make_run(project)
+    spike = conditions.Condition(
+        "spike", "Loss spiked", 3.0, 2497.6, {"onset_step": 2497.6, "rollback_step": 2400.0}
+    )
+    (flag,) = flags.flags_sync(run=run, conditions=[spike], kinds=("spike",), now=at(3000))
+    assert flag.onset_step == 2498
+    ctx = context_for(
+        run=run, kind="spike", event="raised", severity="warning", flag=flag, at=at(3000)
+    )
+    assert ctx["d"]["onset"] == "2,498"
+    client.force_login(owner)
+    markers = client.get(f"/runs/{project.slug}/{run.public_id}/overview.json").json()["markers"]
+    assert [m["step"] for m in markers if m["kind"] == "onset"] == [2498]
