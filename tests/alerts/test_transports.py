@@ -147,6 +147,32 @@ def test_a_deadline_headline_says_what_its_odds_say(run: Run, p_on_time: float, 
     assert f"{p_on_time:.0%} chance to make it" in headline
 
 
+def test_a_close_call_on_a_short_run_is_written_to_the_second(run: Run) -> None:
+    """Seen: "cutoff 12:49 JST: P50 finish 12:49 JST; 44% chance" for a finish 40 s past a
+    3-minute run's cutoff: minutes hid the one thing the message was about."""
+    from alerts.messages import context_for, render
+
+    at = datetime(2026, 5, 30, 3, 47, 10, tzinfo=UTC)
+    run.deadline = Deadline.objects.create(
+        project=run.project, slug="tight", name="Tight", cutoff=at + timedelta(seconds=95)
+    )
+    run.save(update_fields=["deadline"])
+    Forecast.objects.create(
+        run=run,
+        kind=Forecast.Kind.ETA,
+        computed_at=at,
+        segment=0,
+        input_last_step=10,
+        finish_p50=(at + timedelta(seconds=135)).timestamp(),
+    )
+    flag = flag_raise(run, "deadline", data={"p_on_time": 0.44}, created_at=at)
+    ctx = context_for(
+        run=run, kind="deadline", event="raised", severity="warning", flag=flag, at=at
+    )
+    headline = render(ctx, {}).headline
+    assert "(cutoff 05-30 03:48:45 UTC): P50 finish 05-30 03:49:25 UTC; 44% chance" in headline
+
+
 def test_it_posts_a_block_kit_message_to_slack(run: Run, sink: HttpSink) -> None:
     services.channel_create(
         project=run.project, kind=Channel.Kind.SLACK, name="s", target=sink.url("/slack")
