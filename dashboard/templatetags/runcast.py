@@ -43,15 +43,6 @@ def pct(value: float | None, digits: int = 0) -> str:
 
 
 @register.filter
-def need_pct(value: float | None) -> str:
-    """A required increase, rounded up: 0.4% more throughput is 'needs +1%', not '+0%' (the
-    demo board read '89% · needs +0% speed')."""
-    if value is None:
-        return NONE
-    return f"{math.ceil(value * 100 - 1e-9):.0f}%"
-
-
-@register.filter
 def speedup(value: float | None) -> str:
     """'+141% throughput': the fix for 90% in the flag's and the message's words."""
     return fmt.speedup(value)

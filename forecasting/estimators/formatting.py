@@ -132,8 +132,8 @@ def fewer_steps(count: float | None) -> str:
 def on_time(
     p_on_time: float, speedup_for_p90: float | None, steps_cut_for_p90: float | None
 ) -> str:
-    """What a deadline's odds say wherever they are written (the flag, the card, the message):
-    '44% likely on time; for 90% it needs +141% throughput or 3,000 fewer steps'."""
+    """A deadline flag's words for its odds: '44% likely on time; for 90% it needs +141%
+    throughput or 3,000 fewer steps' (the card and the message write the same parts)."""
     head = f"{p_on_time:.0%} likely on time"
     if speedup_for_p90 is None:
         return f"{head}; expected downtime alone uses up the time left"
