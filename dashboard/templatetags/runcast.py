@@ -44,7 +44,7 @@ def pct(value: float | None, digits: int = 0) -> str:
 
 @register.filter
 def speedup(value: float | None) -> str:
-    """'+141% throughput': the fix for 90% in the flag's and the message's words."""
+    """'+141% speed': the fix for 90% in the flag's and the message's words."""
     return fmt.speedup(value)
 
 

@@ -115,11 +115,12 @@ def steps(value: float | None) -> str:
 
 
 def speedup(fraction: float | None) -> str:
-    """'+141% throughput': what a run needs for 90% on time, in one name ("speed", "throughput"
-    and "more throughput" were one figure), rounded up, so 0.4% more is '+1%', never '+0%'."""
+    """'+141% speed': what a run needs for 90% on time, in one name ("speed", "throughput" and
+    "more throughput" were one figure; "speed" fits the board's narrow On-time column, as
+    `speedup_for_p90` names it), rounded up, so 0.4% more is '+1%', never '+0%'."""
     if fraction is None or not math.isfinite(fraction):
         return NONE
-    return f"+{math.ceil(fraction * 100 - 1e-9):.0f}% throughput"
+    return f"+{math.ceil(fraction * 100 - 1e-9):.0f}% speed"
 
 
 def fewer_steps(count: float | None) -> str:
@@ -132,8 +133,8 @@ def fewer_steps(count: float | None) -> str:
 def on_time(
     p_on_time: float, speedup_for_p90: float | None, steps_cut_for_p90: float | None
 ) -> str:
-    """A deadline flag's words for its odds: '44% likely on time; for 90% it needs +141%
-    throughput or 3,000 fewer steps' (the card and the message write the same parts)."""
+    """A deadline flag's words for its odds: '44% likely on time; for 90% it needs +141% speed
+    or 3,000 fewer steps' (the card and the message write the same parts)."""
     head = f"{p_on_time:.0%} likely on time"
     if speedup_for_p90 is None:
         return f"{head}; expected downtime alone uses up the time left"

@@ -125,10 +125,10 @@ def test_it_says_a_deadline_risk_in_the_leads_language(
         "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 12:00 "
         "CEST (UTC+2), 3 days buffer): P50 finish moved from 05-28 06:00 CEST (UTC+2) to "
         "06-03 05:40 CEST (UTC+2) in 24 h; 12% chance "
-        "to make it; for 90% it needs +18% throughput or 12,000 fewer steps"
+        "to make it; for 90% it needs +18% speed or 12,000 fewer steps"
     )
     # The figure in the one wording of the board, the card and the flag (formatting.speedup).
-    assert "For 90%: +18% throughput" in text and "more throughput" not in text
+    assert "For 90%: +18% speed" in text and "more throughput" not in text
 
 
 @pytest.mark.parametrize(

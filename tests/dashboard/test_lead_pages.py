@@ -80,8 +80,8 @@ def test_a_small_required_speedup_is_rounded_up(
     client.force_login(owner)
     board = client.get("/").content.decode()
     card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
-    assert "needs +1% throughput" in board and "+0%" not in board
-    assert "For 90%: +1% throughput" in card
+    assert "needs +1% speed" in board and "+0%" not in board
+    assert "For 90%: +1% speed" in card
 
 
 def test_one_figure_has_one_name_and_one_rounding_on_board_card_and_message(
@@ -98,7 +98,7 @@ def test_one_figure_has_one_name_and_one_rounding_on_board_card_and_message(
     factories.forecast_set(run, now, finish_in=12 * 3600)
     risk = {"p_on_time": 0.12, "speedup_for_p90": 1.4051, "steps_cut_for_p90": 2999.4}
     factories.forecast(run, "deadline", now, explanation="12% likely on time", **risk)
-    words = "+141% throughput or 3,000 fewer steps"
+    words = "+141% speed or 3,000 fewer steps"
     # The flag's text (forecasting.compute._deadline_condition writes it with on_time).
     assert fmt.on_time(0.12, 1.4051, 2999.4) == f"12% likely on time; for 90% it needs {words}"
     flag = flag_raise(run, "deadline", explanation="", data={**risk, "deadline": "Blind eval"})
@@ -109,12 +109,13 @@ def test_one_figure_has_one_name_and_one_rounding_on_board_card_and_message(
     client.force_login(owner)
     board = client.get("/").content.decode()
     card = client.get(f"/runs/llm/{run.public_id}/").content.decode()
-    assert "needs +141% throughput" in board and "speed<" not in board
+    assert "needs +141% speed" in board and "% throughput" not in board
     assert f"For 90%: {words}" in card
     assert f"for 90% it needs {words}" in message.headline
-    assert ("For 90%", "+141% throughput") in message.facts
+    assert ("For 90%", "+141% speed") in message.facts
     for text in (board, card, message.text):
-        assert "more throughput" not in text and "140%" not in text
+        assert "throughput or" not in text and "more throughput" not in text
+        assert "140%" not in text
 
 
 def test_times_on_pages_are_the_readers_and_flag_texts_are_rendered_for_them(

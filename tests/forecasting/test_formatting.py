@@ -79,8 +79,8 @@ def test_seconds_only_where_the_span_is_short() -> None:
 
 def test_one_figure_one_wording() -> None:
     """Seen: one figure written "+141% speed", "+141% throughput" and "140% more throughput"."""
-    assert fmt.speedup(1.4051) == "+141% throughput"
-    assert fmt.speedup(0.004) == "+1% throughput"
+    assert fmt.speedup(1.4051) == "+141% speed"
+    assert fmt.speedup(0.004) == "+1% speed"
     assert fmt.speedup(None) == fmt.NONE
 
 

@@ -438,7 +438,7 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
     # contradiction on the run page.
     assert "is at risk of missing blind eval" in settled[0].explanation
     # The fix for 90% in the one wording of the board, the card and the message ("+141%
-    # throughput", not "140% more throughput").
+    # speed", not "140% more throughput").
     needed = fmt.speedup(settled[0].data["speedup_for_p90"])
     assert f"for 90% it needs {needed} or " in settled[0].explanation
     # Likely late even for an early forecast: raised.
