@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -247,7 +248,12 @@ def test_a_loss_forecast_during_a_spike_says_its_spread_means_nothing(
     """Seen: "0.3742 -> 4479 (P10-P90 0-6224)" during a spike."""
     run = factories.make_run(project, "spiking", points=10)
     now = timezone.now()
-    loss = {"smoothed_last": 0.37421, "final_step": 5000, "target": None, "model": "power_law"}
+    loss: dict[str, Any] = {
+        "smoothed_last": 0.37421,
+        "final_step": 5000,
+        "target": None,
+        "model": "power_law",
+    }
     factories.forecast(run, "loss", now, p10=-1200.0, p50=4479.2, p90=6224.0, **loss)
     client.force_login(owner)
     board = client.get("/").content.decode()
