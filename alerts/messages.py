@@ -440,7 +440,7 @@ def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
         severity=ctx["severity"],
         payload={
             **payload,
-            "explanation": clock(explanation),
+            **({"explanation": clock(explanation)} if "explanation" in payload else {}),
             "headline": headline,
             "facts": dict(facts),
         },
