@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from zoneinfo import ZoneInfo
 
 from django.template.loader import render_to_string
 
@@ -28,10 +27,11 @@ def digest_message(*, project: Project, now: datetime) -> Message | None:
     for o in digest_runs(project=project, now=now):
         run = o.run
         deadline = run.deadline
-        tz = ZoneInfo(deadline.timezone) if deadline else project.tzinfo
+        tz = project.tzinfo  # the clock rule: a message's times in the project's zone
         train_by = deadline.train_by.timestamp() if deadline else None
         p50 = o.finish[1] if o.finish else None
         p = o.p_on_time if isinstance(o.p_on_time, int | float) else None
+        seconds = fmt.needs_seconds(None if p50 is None or train_by is None else p50 - train_by)
         rows.append(
             {
                 "name": str(run),
@@ -39,8 +39,8 @@ def digest_message(*, project: Project, now: datetime) -> Message | None:
                 "status": run.status,
                 "progress": f"{100 * run.progress:.0f}%" if run.progress is not None else fmt.NONE,
                 "deadline": deadline.name if deadline else "",
-                "train_by": fmt.when(train_by, tz) if train_by else "",
-                "p50": fmt.when(p50, tz),
+                "train_by": fmt.when(train_by, tz, seconds=seconds) if train_by else "",
+                "p50": fmt.when(p50, tz, seconds=seconds),
                 "p_on_time": f"{100 * p:.0f}%" if p is not None else fmt.NONE,
                 "verdict": _verdict(p, p50, train_by),
                 "flags": ", ".join(sorted(f.kind for f in o.flags)),

@@ -2,14 +2,17 @@
 
 Flag.data holds an estimator's to_dict(); keys differ by kind and may be missing (older rows,
 estimators that changed), so every read is defensive and a missing number drops its fact.
+
+The clock rule (docs/alerts.md): every time in a message is in the project's zone with its
+offset. Contexts hold times as stamps (formatting.stamp), as flag explanations do, and `render`
+writes them all in that one zone; the history page renders the same stamps in its reader's.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from django.db.models import Max
 from django.template.loader import render_to_string
@@ -42,6 +45,9 @@ class Message:
     url: str
     severity: str
     payload: dict[str, Any] = field(default_factory=dict)
+    # What the history page shows of it: the explanation, or else the headline, with its times
+    # as stamps, so the page writes them in its reader's zone (empty in messages kept before).
+    note: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """What a Notification keeps (its `rendered`): every try sends this, the history shows
@@ -72,7 +78,8 @@ def _assumed(data: dict[str, Any]) -> str:
 def _divergence_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
     gpus = run.world_size
     return {
-        "onset": fmt.steps(_num(data, "onset_step"))
+        # Rounded as the flag's onset_step and the chart (formatting.step_at).
+        "onset": fmt.steps(fmt.step_at(_num(data, "onset_step")))
         if _num(data, "onset_step") is not None
         else None,
         "detected": fmt.steps(_num(data, "detected_step")) if _num(data, "detected_step") else None,
@@ -108,8 +115,7 @@ def _episode_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
 
 def _undone_context(run: Run, episode: dict[str, Any]) -> dict[str, Any]:
     """Where the loss last stood at the episode's level before its onset and the training
-    undone since (forecasting.episodes._undone): the numbers the flag's explanation says, the
-    step's time in the project's zone as every time in a message."""
+    undone since (forecasting.episodes._undone): the numbers the flag's explanation says."""
     step = _num(episode, "back_at_step")
     if step is None:
         return {}
@@ -120,7 +126,7 @@ def _undone_context(run: Run, episode: dict[str, Any]) -> dict[str, Any]:
         undone = f"{fmt.steps(steps)} steps"
     return {
         "back_at": fmt.steps(step),
-        "back_at_when": fmt.when(at, run.project.tzinfo) if at is not None else None,
+        "back_at_when": fmt.stamp(at) if at is not None else None,
         "back_at_beyond": episode.get("back_at_beyond") is True,
         "undone": undone,
         "undone_cost": fmt.money(cost, run.project.currency) + _assumed(episode)
@@ -182,33 +188,44 @@ def _deadline_context(run: Run, data: dict[str, Any], at: datetime) -> dict[str,
         "p_pct": None if p is None else f"{100 * p:.0f}%",
         # "at risk" between likely-late and the target, as the pages' tone says (one rule).
         "at_risk": p is not None and on_time_tone(p) == "warn",
-        "speedup_pct": f"{100 * speedup:.0f}%" if speedup else None,
-        "steps_cut": fmt.steps(cut) if cut else None,
+        # One name and one rounding with the board, the card and the flag (formatting.speedup).
+        "speedup": fmt.speedup(speedup) if speedup else None,
+        "steps_cut": fmt.fewer_steps(cut) if cut else None,
         "p50_from": None,
         "p50_to": None,
     }
-    tz = run.project.tzinfo
+    cutoff = deadline.cutoff.timestamp() if deadline is not None else None
+    train_by = deadline.train_by.timestamp() if deadline is not None else None
+    # To the second where the finish, the train-by and the move are that close: "cutoff 12:49
+    # JST: P50 finish 12:49 JST; 44% chance" said nothing of the 40 s between them.
+    seconds = fmt.needs_seconds(
+        None if latest is None or train_by is None else latest - train_by,
+        None if latest is None or before is None else latest - before,
+        None if latest is None else latest - at.timestamp(),
+    )
     if deadline is not None:
-        dtz = ZoneInfo(deadline.timezone)
         ctx.update(
             deadline=deadline.name,
-            cutoff=fmt.when(deadline.cutoff.timestamp(), dtz),
+            cutoff=fmt.stamp(cutoff, seconds=seconds),
             buffer=fmt.span(deadline.buffer.total_seconds()) if deadline.buffer else None,
-            train_by=fmt.when(deadline.train_by.timestamp(), dtz),
+            train_by=fmt.stamp(train_by, seconds=seconds),
         )
-        tz = dtz
     if latest is not None:
-        ctx["p50_to"] = fmt.when(latest, tz)
+        ctx["p50_to"] = fmt.stamp(latest, seconds=seconds)
         if before is not None and abs(latest - before) >= 60:
-            ctx["p50_from"] = fmt.when(before, tz)
+            ctx["p50_from"] = fmt.stamp(before, seconds=seconds)
     return ctx
 
 
-def _slip_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
-    tz = run.project.tzinfo
+def _slip_context(data: dict[str, Any]) -> dict[str, Any]:
+    seconds = fmt.needs_seconds(_num(data, "amount_s"))
     return {
-        "from": fmt.when(_num(data, "from_finish"), tz) if _num(data, "from_finish") else None,
-        "to": fmt.when(_num(data, "to_finish"), tz) if _num(data, "to_finish") else None,
+        "from": fmt.stamp(_num(data, "from_finish"), seconds=seconds)
+        if _num(data, "from_finish")
+        else None,
+        "to": fmt.stamp(_num(data, "to_finish"), seconds=seconds)
+        if _num(data, "to_finish")
+        else None,
         "amount": fmt.span(_num(data, "amount_s")) if _num(data, "amount_s") is not None else None,
         "window": fmt.span(_num(data, "window_s")) if _num(data, "window_s") is not None else None,
     }
@@ -283,18 +300,21 @@ def _cutoff_context(run: Run, at: datetime) -> dict[str, Any]:
     deadline = run.deadline
     if deadline is None:
         return {}
-    dtz = ZoneInfo(deadline.timezone)
     outcome = board.end_outcome(run)
     margin = board.margin_before_train_by(run, at_s=at.timestamp())
     if outcome is None and margin is not None:
         line = "train-by" if deadline.buffer else "cutoff"
         side = "before" if margin >= 0 else "past"
         outcome = f"not finished, {fmt.span(margin)} {side} its {line}"
+    # To the second for a short run or a close call ("missed by 19 s" beside a cutoff "12:49").
+    seconds = fmt.needs_seconds(at.timestamp() - run.started_at.timestamp(), margin)
     return {
         "cut": {
             "deadline": deadline.name,
-            "cutoff": fmt.when(deadline.cutoff.timestamp(), dtz),
-            "train_by": fmt.when(deadline.train_by.timestamp(), dtz) if deadline.buffer else None,
+            "cutoff": fmt.stamp(deadline.cutoff.timestamp(), seconds=seconds),
+            "train_by": fmt.stamp(deadline.train_by.timestamp(), seconds=seconds)
+            if deadline.buffer
+            else None,
             "outcome": outcome,
         }
     }
@@ -314,12 +334,12 @@ def _resume(run: Run, checkpoint: Event | None) -> str:
     )
 
 
-def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
+def _straggler_context(data: dict[str, Any]) -> dict[str, Any]:
     ranks = [int(r) for r in data.get("ranks") or [] if isinstance(r, int)]
     host = data.get("host") if isinstance(data.get("host"), str) else None
-    tz = ZoneInfo(run.deadline.timezone) if run.deadline is not None else run.project.tzinfo
     slowdown, cost = _num(data, "slowdown"), _num(data, "cost_s")
     real, whatif = _num(data, "finish_p50"), _num(data, "whatif_finish_p50")
+    seconds = fmt.needs_seconds(None if real is None or whatif is None else real - whatif)
     p, p_whatif = _num(data, "p_on_time"), _num(data, "whatif_p_on_time")
     return {
         "ranks": ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else ""),
@@ -329,8 +349,8 @@ def _straggler_context(run: Run, data: dict[str, Any]) -> dict[str, Any]:
         "slowdown": f"{100 * slowdown:.0f}%" if slowdown is not None else None,
         "onset": fmt.steps(onset) if (onset := _num(data, "onset_step")) is not None else None,
         "cost": fmt.span(cost) if cost is not None else None,
-        "finish": fmt.when(real, tz) if real is not None else None,
-        "whatif_finish": fmt.when(whatif, tz) if whatif is not None else None,
+        "finish": fmt.stamp(real, seconds=seconds) if real is not None else None,
+        "whatif_finish": fmt.stamp(whatif, seconds=seconds) if whatif is not None else None,
         "p_pct": f"{100 * p:.0f}%" if p is not None else None,
         "whatif_p_pct": f"{100 * p_whatif:.0f}%" if p_whatif is not None else None,
     }
@@ -368,18 +388,19 @@ def context_for(
         "mark": SEVERITY_MARK.get(severity, ""),
         "explanation": flag.explanation if flag is not None else "",
         "url": run_url(run),
-        "when": fmt.when(at.timestamp(), run.project.tzinfo),
+        "when": fmt.stamp(at.timestamp()),
+        "tz": run.project.tzinfo,
     }
     if kind in Flag.DIVERGENCE_KINDS:
         ctx["d"] = _divergence_context(run, data)
     elif kind == "deadline":
         ctx["d"] = _deadline_context(run, data, at)
     elif kind == "slip":
-        ctx["d"] = _slip_context(run, data)
+        ctx["d"] = _slip_context(data)
     elif kind == "stalled":
         ctx["d"] = _stalled_context(run, data, at)
     elif kind == "straggler":
-        ctx["d"] = _straggler_context(run, data)
+        ctx["d"] = _straggler_context(data)
     elif kind in RUN_ENDINGS:
         ctx["d"] = _end_context(run, at)
     else:
@@ -397,27 +418,51 @@ def _facts(ctx: dict[str, Any]) -> list[tuple[str, str]]:
     return facts
 
 
+def _headline(ctx: dict[str, Any]) -> str:
+    """The headline with its times as stamps."""
+    return " ".join(render_to_string("alerts/headline.txt", ctx).split())
+
+
 def render(ctx: dict[str, Any], payload: dict[str, Any]) -> Message:
-    headline = " ".join(render_to_string("alerts/headline.txt", ctx).split())
-    ctx = {**ctx, "headline": headline, "facts": _facts(ctx)}
+    """The message, every time in it written in the project's zone (`ctx["tz"]`): the one place
+    a message's clock is chosen."""
+    tz: tzinfo | None = ctx.get("tz")
+
+    def clock(text: str) -> str:
+        return fmt.render_stamps(text, tz)
+
+    stamped = _headline(ctx)
+    headline = clock(stamped)
+    facts = [(label, clock(value)) for label, value in _facts(ctx)]
+    ctx = {**ctx, "headline": headline, "facts": facts}
     subject = " ".join(render_to_string("alerts/email/subject.txt", ctx).split())
+    explanation = str(payload.get("explanation") or "")
     return Message(
-        subject=subject,
-        text=render_to_string("alerts/email/body.txt", ctx),
-        html=render_to_string("alerts/email/body.html", ctx),
+        subject=clock(subject),
+        text=clock(render_to_string("alerts/email/body.txt", ctx)),
+        html=clock(render_to_string("alerts/email/body.html", ctx)),
         headline=headline,
-        facts=ctx["facts"],
+        facts=facts,
         url=ctx["url"],
         severity=ctx["severity"],
-        payload={**payload, "headline": headline, "facts": dict(ctx["facts"])},
+        payload={
+            **payload,
+            **({"explanation": clock(explanation)} if "explanation" in payload else {}),
+            "headline": headline,
+            "facts": dict(facts),
+        },
+        note=explanation or stamped,
     )
 
 
 def history_text(notification: Notification) -> str:
     """What the history shows of a notification: the message as it was sent (or would have
-    been), its explanation or else its headline."""
+    been), its explanation or else its headline, with its times as stamps where it kept them
+    (the page writes them in its reader's zone, as every time on a page)."""
     n = notification
     if n.rendered:
+        if n.rendered.get("note"):
+            return str(n.rendered["note"])
         payload = n.rendered.get("payload") or {}
         return str(payload.get("explanation") or n.rendered.get("headline") or "")
     # A row made before messages were kept: rendered now, as best it can be.
@@ -442,7 +487,7 @@ def headline_for(notification: Notification) -> str:
     ctx = context_for(
         run=n.run, kind=n.kind, event=n.event, severity=n.severity, flag=n.flag, at=at
     )
-    return " ".join(render_to_string("alerts/headline.txt", ctx).split())
+    return _headline(ctx)
 
 
 def message_for_event(

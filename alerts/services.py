@@ -29,6 +29,7 @@ from alerts.signals import notification_created
 from alerts.transports import TransportError, transport_for
 from config import sweeps
 from forecasting.estimators import episode_states, flag_bands
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag
 from tracker.links import project_alerts_url
 from tracker.models import Membership, Project, Run
@@ -435,12 +436,13 @@ def _gate(*, rule: Rule, channel: Channel | None, event: Event) -> tuple[str, st
             .first()
         )
         if recent is not None and not _escalates(event.flag, recent.flag):
-            sent = f"{recent.created_at:%m-%d %H:%M} UTC"
+            # A stamp: the history page writes it in its reader's zone, beside its When column.
+            sent = fmt.stamp(recent.created_at.timestamp())
             return S.SUPPRESSED, f"cooldown: a {recent.kind} alert went out at {sent}"
         update = event.flag if event.event == Flag.State.UPDATED else None
         said = _said_this_episode(event=event, history=history, rule=rule) if update else None
         if update and said and said.flag and _worse(update, said.flag) is False:
-            sent = f"{said.created_at:%m-%d %H:%M} UTC"
+            sent = fmt.stamp(said.created_at.timestamp())
             return S.SUPPRESSED, f"no worse than the alert at {sent}"
         return S.PENDING, ""
     if event.event == Flag.State.RESOLVED:

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 
 from forecasting import selectors
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag
 from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
@@ -34,10 +35,15 @@ class FlagOut(Schema):
     kind: str
     state: str
     severity: float | None
-    explanation: str
+    explanation: str  # its times in UTC, as every time the API gives
     onset_step: int | None
     created_at: datetime
     data: dict[str, Any]
+
+    @staticmethod
+    def resolve_explanation(obj: Flag) -> str:
+        # The stored text holds stamps each reader writes in its zone (docs/alerts.md).
+        return fmt.render_stamps(obj.explanation)
 
 
 class LossEpisodeOut(Schema):

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from forecasting import episodes, hysteresis, selectors
 from forecasting.conditions import Condition, Ending, Reading
+from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.divergence import detect_divergence
@@ -189,7 +190,9 @@ def _sustained(
     """Store this computation's reading, then weigh its findings against the readings before
     it (forecasting.hysteresis): the history lives in the database, so a restarted worker sees
     the same."""
-    reading = Reading(now, frozenset(c.kind for c in found), odds, input_step)
+    slip = next((c.data.get("amount_s") for c in found if c.kind == Flag.Kind.SLIP), None)
+    slip_s = float(slip) if isinstance(slip, int | float) else None
+    reading = Reading(now, frozenset(c.kind for c in found), odds, input_step, slip_s)
     _reading_store(run=run, reading=reading)
     window = hysteresis.sustain_window(ran_s=max(0.0, (now - run.started_at).total_seconds()))
     ctx = hysteresis.Context(
@@ -218,6 +221,7 @@ def _reading_store(*, run: Run, reading: Reading) -> None:
             "found": sorted(reading.found),
             "deadline_p": reading.deadline_p,
             "input_step": reading.input_step,
+            "slip_s": reading.slip_s,
         },
     )
 
@@ -316,7 +320,7 @@ def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
         return []
     times = np.array([h[0].timestamp() for h in history])
     finishes = np.array([h[1] for h in history])
-    slip = detect_slip(times, finishes, now=now.timestamp(), tz=run.project.tzinfo)
+    slip = detect_slip(times, finishes, now=now.timestamp())
     if slip is None or not slip.slipping:
         return []
     return [
@@ -347,7 +351,9 @@ def _deadline_condition(
         if risk.p_on_time < th.DEADLINE_LIKELY_LATE_P
         else "is at risk of missing"
     )
-    text = f"{run} {verdict} {run.deadline.name}: {risk.explanation}"
+    # The odds and the fix in the one wording the card and the message use (formatting.on_time).
+    odds_text = fmt.on_time(risk.p_on_time, risk.speedup_for_p90, risk.steps_cut_for_p90)
+    text = f"{run} {verdict} {run.deadline.name}: {odds_text}"
     return [Condition(Flag.Kind.DEADLINE, text, 1.0 - risk.p_on_time, None, data)], risk.p_on_time
 
 

@@ -36,3 +36,5 @@ class Reading:
     deadline_p: float | None = None
     # The progress report (last step) it was computed from: readings of one report are one.
     input_step: int | None = None
+    # How far the finish had slipped, when it found a slip (flag_bands.slip_band places it).
+    slip_s: float | None = None

@@ -18,6 +18,7 @@ from django.db import transaction
 from forecasting import selectors
 from forecasting.conditions import Condition, Ending
 from forecasting.estimators import episode_states, flag_bands
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag
 from forecasting.signals import flags_written
 from tracker.models import Run
@@ -134,7 +135,9 @@ def _is_news(prev: Flag, cond: Condition) -> bool:
 
 
 def int_or_none(value: float | None) -> int | None:
-    return None if value is None else int(value)
+    # Rounded as every reader rounds a step (formatting.step_at): int() cut an onset of 2497.6
+    # to 2,497 on the chart while the email, from the same data, said 2,498.
+    return fmt.step_at(value)
 
 
 def _write(run: Run, cond: Condition, state: str, previous: str, now: datetime) -> Flag:

@@ -30,6 +30,8 @@ SUSTAINED_KINDS = (
 # with a later clock, so a crossing counts as sustained only once it has held across new data
 # (the divergence detectors carry their own sustain, in points).
 SUSTAINED_ON_NEW_DATA = (Flag.Kind.DEADLINE, Flag.Kind.SLIP)
+# Kinds whose open flag moves between bands of severity (forecasting.estimators.flag_bands).
+BANDED_KINDS = (Flag.Kind.DEADLINE, Flag.Kind.SLIP)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ def sustained(found: list[Condition], ctx: Context) -> list[Condition]:
     new report, over FLAG_REOPEN_WINDOWS windows): on a run that reports every few minutes, a
     window of recomputations of one report is one reading. Its odds must not be climbing back
     over those reports (unless under 50%), and an open deadline flag closes only on odds held
-    at FLAG_DEADLINE_RESOLVE_P over the same span and reports. An open deadline flag moves to
-    a better band of odds only once that band has held as a raise must (`_band_change`).
+    at FLAG_DEADLINE_RESOLVE_P over the same span and reports. An open deadline or slip flag
+    moves to a better band (of odds, of slip) only once that band has held as a raise must
+    (`_band_change`); to a worse one at once.
     """
     out = []
     for cond in found:
@@ -88,9 +91,19 @@ def sustained(found: list[Condition], ctx: Context) -> list[Condition]:
     return out
 
 
+def _reading_band(kind: str, r: Reading) -> int | None:
+    """The band of one reading: its odds for a deadline, its slip for a slip (a reading that
+    found no slip is better than any band; one without odds is not known to be better)."""
+    if kind == Flag.Kind.DEADLINE:
+        return None if r.deadline_p is None else flag_bands.odds_band(r.deadline_p)
+    if r.slip_s is None:
+        return None if kind in r.found else -1
+    return flag_bands.slip_band(r.slip_s)
+
+
 def _band_change(cond: Condition, prev: Flag, ctx: Context) -> Condition:
-    """What an open deadline flag reports: the new reading when its band of odds is worse or the
-    same, or when a better band has held; otherwise what the flag already says.
+    """What an open deadline or slip flag reports: the new reading when its band is worse or
+    the same, or when a better band has held; otherwise what the flag already says.
 
     Hysteresis of the bands (FLAG_DEADLINE_BANDS: 75%, 50%, 25%, 10%, 1%), asymmetric because
     the two directions cost a lead differently. Worse goes out at once: odds that fall a band
@@ -101,17 +114,21 @@ def _band_change(cond: Condition, prev: Flag, ctx: Context) -> Condition:
     previous computation, so odds that wobble about an edge write at most the one worsening: on
     a four-minute run the odds went 20 -> 42 -> 22 -> 31 -> 21 -> 27 -> 13 -> 27 -> 1 -> 9 -> 0%
     and each crossing wrote a row (ten updates); now the raise at 20% and the fall to 1% are
-    written, and the climbs that did not hold are not.
+    written, and the climbs that did not hold are not. A slip's size (FLAG_SLIP_BAND_BASE_S,
+    doubling) follows the same rule: a slip that grew a band is sent through the cooldown, one
+    that shrank is written once the smaller slip has held (it wrote a row at once, and a slip
+    that shrank and grew back wrote two).
     """
     now_band = flag_bands.band(cond.kind, cond.data)
     said_band = flag_bands.band(prev.kind, prev.data)
-    if cond.kind != Flag.Kind.DEADLINE or now_band is None or said_band is None:
+    if cond.kind not in BANDED_KINDS or now_band is None or said_band is None:
         return cond
     if now_band >= said_band:
         return cond
 
     def better(r: Reading) -> bool:
-        return r.deadline_p is not None and flag_bands.odds_band(r.deadline_p) < said_band
+        band = _reading_band(cond.kind, r)
+        return band is not None and band < said_band
 
     if _across_reports(better, ctx.window, ctx) is not None:
         return cond

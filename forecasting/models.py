@@ -59,6 +59,7 @@ class ConditionReading(models.Model):
     found = models.JSONField(default=list)  # the flag kinds this computation found, sorted
     deadline_p = models.FloatField(null=True)  # its chance of making the cutoff, if any
     input_step = models.BigIntegerField(null=True)  # the progress report it read
+    slip_s = models.FloatField(null=True)  # how far the finish had slipped, if it found a slip
 
     class Meta:
         constraints = [

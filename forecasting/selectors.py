@@ -25,6 +25,8 @@ from tracker.models import Run
 
 # How far back "how the ETA moved" looks: a lead's day.
 MOVE_WINDOW = timedelta(hours=24)
+# The shortest span a move of the ETA or a change of throughput is shown over.
+MOVE_MIN_S = 60.0
 
 
 def forecast_latest(*, run: Run, kind: str) -> Forecast | None:
@@ -129,6 +131,36 @@ class RunOutlook:
         return None if self.finish is None else (self.finish[2] - self.finish[0]) / 2
 
     @property
+    def eta_early(self) -> bool:
+        """An early ETA (few intervals seen): its spread says how little is known, and the
+        pages say "early estimate" instead of printing it ("slipped 3 min ±17 min" on a
+        20-second-old run)."""
+        return bool(self.eta and self.eta.get("early"))
+
+    @property
+    def finish_seconds(self) -> bool:
+        """Whether the finish times are written to the second (formatting.needs_seconds): a
+        3-minute run's P10-P90 read "03:26 UTC - 03:26 UTC"."""
+        if self.finish is None:
+            return False
+        left = None if self.computed_at is None else self.finish[1] - self.computed_at.timestamp()
+        return fmt.needs_seconds(self.finish[2] - self.finish[0], left)
+
+    @property
+    def loss_view(self) -> tuple[str, str, str] | None:
+        """(now, P50, spread) in the one wording of the board and the card."""
+        if self.loss is None:
+            return None
+        d = self.loss
+        return fmt.loss_outlook(
+            _float(d.get("smoothed_last")),
+            _float(d.get("p10")),
+            _float(d.get("p50")),
+            _float(d.get("p90")),
+            early=bool(d.get("early")),
+        )
+
+    @property
     def loss_healthy(self) -> bool:
         return not any(f.kind in Flag.DIVERGENCE_KINDS for f in self.flags)
 
@@ -137,6 +169,10 @@ class RunOutlook:
         """'diverged at step 2,500, not recovered': how a run that ended inside a loss episode
         ended (the end-of-run message says the same)."""
         return ended_diverged_text(self.episode_end)
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def ended_diverged_text(end: Flag | None) -> str | None:
@@ -202,9 +238,18 @@ def _outlook(run: Run, *, forecasts: dict[int, Forecast], flags: list[Flag]) -> 
             eta.finish_p90 or eta.finish_p50,
         )
         out.rate = eta.data.get("rate_steps_per_s")
-        if start is not None and start.id != eta.id and start.finish_p50 is not None:
+        over = (eta.computed_at - start.computed_at).total_seconds() if start is not None else 0
+        # A move measured over a second or two, or between early forecasts, is noise: a
+        # 20-second-old run read "slipped 3 min" and "-42% vs 1 s ago".
+        if (
+            start is not None
+            and start.id != eta.id
+            and start.finish_p50 is not None
+            and over >= MOVE_MIN_S
+            and not eta.data.get("early")
+        ):
             out.eta_moved_s = eta.finish_p50 - start.finish_p50
-            out.eta_moved_over_s = (eta.computed_at - start.computed_at).total_seconds()
+            out.eta_moved_over_s = over
             start_rate = start.data.get("rate_steps_per_s")
             if out.rate and start_rate:
                 out.rate_change = out.rate / start_rate - 1.0
@@ -231,8 +276,8 @@ def condition_readings(*, run: Run, since: datetime, until: datetime) -> list[Re
         run=run, computed_at__gte=since, computed_at__lte=until
     ).order_by("computed_at")
     return [
-        Reading(r.computed_at, frozenset(r.found or ()), r.deadline_p, r.input_step)
-        for r in rows.only("computed_at", "found", "deadline_p", "input_step")
+        Reading(r.computed_at, frozenset(r.found or ()), r.deadline_p, r.input_step, r.slip_s)
+        for r in rows.only("computed_at", "found", "deadline_p", "input_step", "slip_s")
     ]
 
 

@@ -104,7 +104,7 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
     _store(run=run, last_step=last_step, now=now, data=data, report=report)
     if top is None or onset is None:
         return None
-    text = _explanation(run=run, top=top, onset=onset, data=data, now=now)
+    text = _explanation(top=top, onset=onset, data=data, now=now)
     return StragglerFinding(text, float(top.slowdown), onset, data)
 
 
@@ -204,10 +204,7 @@ def _ranks(ranks: list[int]) -> str:
     return "ranks " + ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
 
 
-def _explanation(
-    *, run: Run, top: Straggler, onset: int, data: dict[str, Any], now: datetime
-) -> str:
-    tz = run.project.tzinfo
+def _explanation(*, top: Straggler, onset: int, data: dict[str, Any], now: datetime) -> str:
     subject = who(top.kind, list(top.ranks), top.host)
     verb = "are" if top.kind == "host" or len(top.ranks) > 1 else "is"
     if top.kind == "last_arrival":
@@ -222,7 +219,9 @@ def _explanation(
     )
     whatif = data.get("whatif_finish_p50")
     if isinstance(whatif, float):
-        text += f"; without it: finish {fmt.when(whatif, tz)}"
+        # Stamps: each reader writes them in its zone (the clock rule, docs/alerts.md).
+        seconds = fmt.needs_seconds(whatif - now.timestamp())
+        text += f"; without it: finish {fmt.stamp(whatif, seconds=seconds)}"
         p, p_whatif = data.get("p_on_time"), data.get("whatif_p_on_time")
         odds = (
             isinstance(p, float) and isinstance(p_whatif, float) and f"{p:.0%}" != f"{p_whatif:.0%}"
@@ -232,5 +231,5 @@ def _explanation(
             # Only when the straggler changes the odds: "100% instead of 100%" says nothing.
             text += f" (P on time {p_whatif:.0%} instead of {p:.0%})"
         elif isinstance(real, float):
-            text += f" instead of {fmt.when(real, tz)}"
+            text += f" instead of {fmt.stamp(real, seconds=seconds)}"
     return text

@@ -8,7 +8,6 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from forecasting.estimators.formatting import when
 from forecasting.gpu import selectors as gpu_selectors
 from tracker.access import membership_for
 from tracker.gpu.selectors import host_for_token
@@ -25,13 +24,10 @@ def host_page(request: HttpRequest, project: str, host: str) -> HttpResponse:
         hours = 1.0
     t1 = timezone.now().timestamp()
     view = gpu_selectors.host_view(host=target, t0=t1 - hours * 3600, t1=t1)
-    tz = membership.project.tzinfo
     context = {
         "project": membership.project,
         "host": target,
         "hours": hours,
-        "from": when(view["t0"], tz),
-        "to": when(view["t1"], tz),
         "daily": gpu_selectors.unexplained_gpu_seconds_by_day(project_id=membership.project.pk),
         **view,
     }

@@ -8,6 +8,8 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
 from forecasting.estimators import formatting as fmt
@@ -41,12 +43,14 @@ def pct(value: float | None, digits: int = 0) -> str:
 
 
 @register.filter
-def need_pct(value: float | None) -> str:
-    """A required increase, rounded up: 0.4% more throughput is 'needs +1%', not '+0%' (the
-    demo board read '89% · needs +0% speed')."""
-    if value is None:
-        return NONE
-    return f"{math.ceil(value * 100 - 1e-9):.0f}%"
+def speedup(value: float | None) -> str:
+    """'+141% speed': the fix for 90% in the flag's and the message's words."""
+    return fmt.speedup(value)
+
+
+@register.filter
+def fewer_steps(value: float | None) -> str:
+    return fmt.fewer_steps(value)
 
 
 @register.filter
@@ -92,11 +96,46 @@ def iso(epoch: float | datetime | None) -> str:
 
 
 @register.filter
-def utc(epoch: float | None) -> str:
+def utc(epoch: float | None, seconds: bool = False) -> str:
     """The server-side fallback text of a <time> element (JS rewrites it in local time)."""
     if epoch is None:
         return NONE
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%a %d %b %H:%M UTC")
+    form = "%a %d %b %H:%M:%S UTC" if seconds else "%a %d %b %H:%M UTC"
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime(form)
+
+
+@register.filter
+def stamped(text: str | None) -> SafeString:
+    """Stored text (a flag's explanation, a message's note) with each of its stamps as a
+    <time> the browser writes in the viewer's zone (the clock rule); UTC without JS."""
+    out = []
+    for part in fmt.stamp_parts(str(text or "")):
+        if isinstance(part, str):
+            out.append(conditional_escape(part))
+            continue
+        epoch, seconds = part
+        out.append(
+            format_html(
+                '<time data-fmt="{}" datetime="{}">{}</time>',
+                "when-s" if seconds else "when",
+                iso(epoch),
+                fmt.when(epoch, seconds=seconds),
+            )
+        )
+    return mark_safe("".join(out))  # noqa: S308 - every piece escaped above
+
+
+@register.filter
+def unstamped(text: str | None) -> str:
+    """Stored text with its stamps in UTC: a title attribute's no-JS fallback (time.js
+    rewrites it from `data-stamped-title` in the viewer's zone)."""
+    return fmt.render_stamps(str(text or ""))
+
+
+@register.filter
+def seconds_if(name: str, short: bool) -> str:
+    """A <time>'s data-fmt, to the second where the span is short ('short' -> 'short-s')."""
+    return f"{name}-s" if short else name
 
 
 @register.filter

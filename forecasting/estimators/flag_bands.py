@@ -29,8 +29,13 @@ def band(kind: str, data: object) -> int | None:
     if kind == DEADLINE and _number(data.get("p_on_time")):
         return odds_band(float(data["p_on_time"]))
     if kind == SLIP and _number(data.get("amount_s")):
-        return int(math.log2(max(1.0, float(data["amount_s"]) / th.FLAG_SLIP_BAND_BASE_S)))
+        return slip_band(float(data["amount_s"]))
     return None
+
+
+def slip_band(amount_s: float) -> int:
+    """0 up to twice FLAG_SLIP_BAND_BASE_S, one more for each doubling: higher is worse."""
+    return int(math.log2(max(1.0, amount_s / th.FLAG_SLIP_BAND_BASE_S)))
 
 
 def worse(kind: str, new: object, old: object) -> bool:

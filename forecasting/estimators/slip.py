@@ -8,12 +8,11 @@ judged on the same relative scale.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import tzinfo
 
 import numpy as np
 
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.formatting import span, when
+from forecasting.estimators.formatting import needs_seconds, span, stamp
 from forecasting.estimators.jsonable import as_json
 
 
@@ -42,9 +41,11 @@ def detect_slip(
     p50_finishes: np.ndarray,
     *,
     now: float,
-    tz: tzinfo | None = None,
 ) -> SlipResult | None:
-    """Slip over the recent window of kept forecasts, or None with too few of them."""
+    """Slip over the recent window of kept forecasts, or None with too few of them.
+
+    The explanation holds its times as stamps: each reader writes them in its own zone (the
+    clock rule, docs/alerts.md), to the second when the slip or the time left is short."""
     t = np.asarray(forecast_times, dtype=float)
     f = np.asarray(p50_finishes, dtype=float)
     ok = np.isfinite(t) & np.isfinite(f) & (t <= now)
@@ -66,13 +67,14 @@ def detect_slip(
     remaining = max(from_finish - since, 1.0)
     slipping = amount > max(th.SLIP_MIN_S, th.SLIP_REL_THRESHOLD * remaining)
     over = span(now - since)
+    seconds = needs_seconds(amount, to_finish - now)
     if slipping:
         text = (
-            f"finish slipped from {when(from_finish, tz)} to {when(to_finish, tz)}"
-            f" over {over} (+{span(amount)})"
+            f"finish slipped from {stamp(from_finish, seconds=seconds)} to"
+            f" {stamp(to_finish, seconds=seconds)} over {over} (+{span(amount)})"
         )
     else:
-        text = f"finish steady at {when(to_finish, tz)} over the last {span(window)}"
+        text = f"finish steady at {stamp(to_finish, seconds=seconds)} over the last {span(window)}"
     return SlipResult(
         slipping=bool(slipping),
         from_finish=from_finish,

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from forecasting.conditions import Condition
 from forecasting.estimators import thresholds as th
-from forecasting.estimators.formatting import span, when
+from forecasting.estimators.formatting import span, stamp
 from forecasting.flags import flag_event
 from forecasting.gpu.hosts import HostRun, owners_of, per_second, runs_on
 from forecasting.models import Flag
@@ -256,13 +256,13 @@ def _store(
 
 
 def message(host: Host, row: GpuEpisode) -> str:
-    tz = host.project.tzinfo
     gpus = _gpu_range(row.gpus)
     direction = "near" if row.kind != "drop" else "down to"
     delta = row.observed - row.expected
     text = (
         f"{gpus} on {host.name} {direction} {row.observed:.0f}% for {span(row.end - row.start)}"
-        f" at {when(row.start, tz, zone=False)} ({delta:+.0f} points over the run's training"
+        # A stamp, not the project's clock without its zone: each reader writes it in its own.
+        f" at {stamp(row.start)} ({delta:+.0f} points over the run's training"
         f" level); no logged event within ±{th.GPU_EVENT_WINDOW_S:.0f} s"
     )
     top = row.attribution.get("top")

@@ -227,13 +227,12 @@ window.Runcast = (function () {
   const HMS = { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" };
   const WEEKDAY = { weekday: "short" };
   const DAY = { weekday: "short", day: "numeric", month: "short" };
-  // The viewer's zone as the browser abbreviates it at that moment (CET, GMT+1, PDT...).
+  // The viewer's zone at that moment with its offset ("CET (UTC+1)", "UTC+1"), as every
+  // <time> on the page names it (time.js, loaded first).
   function zoneName(v) {
-    const d = v == null ? new Date() : new Date(v * 1000);
-    const part = (formats.zone ||= new Intl.DateTimeFormat(undefined, { timeZoneName: "short" })).formatToParts(d).find((p) => p.type === "timeZoneName");
-    return part ? part.value : "";
+    return window.runcastZone(v == null ? new Date() : new Date(v * 1000));
   }
-  const fmtEpoch = (v) => (v == null ? "–" : fmt({ weekday: "short", ...HM, timeZoneName: "short" }, new Date(v * 1000)));
+  const fmtEpoch = (v) => (v == null ? "–" : fmt({ weekday: "short", ...HM }, new Date(v * 1000)) + " " + zoneName(v));
   const fmtClock = (v) => (v == null ? "" : fmt(HM, new Date(v * 1000)));
 
   // Tick steps for time axes, seconds to weeks (uPlot's own list jumps from 1 to 5 minutes).

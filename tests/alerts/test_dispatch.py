@@ -589,7 +589,7 @@ def test_a_diverged_episode_message_says_what_training_it_undid(
     assert text.splitlines()[0].endswith("last checkpoint before onset: step 2,400" + clause)
     # The step's time in the project's zone, as every time a message shows.
     for fact in (
-        "Back at its level of: step 410 (06-03 11:40 CEST)",
+        "Back at its level of: step 410 (06-03 11:40 CEST (UTC+2))",
         "Training undone: 5.8 h",
         "Cost undone: ≈ €1,240",
     ):
@@ -597,7 +597,7 @@ def test_a_diverged_episode_message_says_what_training_it_undid(
     slack = sink.to("/slack")[0].json()
     assert slack["text"].endswith(clause)
     fields = [f["text"] for b in slack["blocks"] for f in b.get("fields", [])]
-    assert "*Back at its level of*\nstep 410 (06-03 11:40 CEST)" in fields
+    assert "*Back at its level of*\nstep 410 (06-03 11:40 CEST (UTC+2))" in fields
 
 
 def test_an_episode_above_all_it_was_and_without_times_says_so_in_steps(run: Run) -> None:

@@ -101,7 +101,10 @@ def test_a_run_that_missed_its_cutoff_says_by_how_much_as_the_board_does(
     now = timezone.now()
     start = now - timedelta(minutes=3)
     ended = now - timedelta(seconds=1)
-    _deadline(project, ended - timedelta(seconds=19), timezone="Asia/Tokyo")
+    cutoff = ended - timedelta(seconds=19)
+    _deadline(project, cutoff, timezone="Asia/Tokyo")
+    project.timezone = "Asia/Kolkata"  # the clock rule: a message speaks the project's zone
+    project.save(update_fields=["timezone"])
     run = _train(
         project,
         "tinygpt-tight",
@@ -130,12 +133,16 @@ def test_a_run_that_missed_its_cutoff_says_by_how_much_as_the_board_does(
     # The board's words for it, from the board's own rule: one wording, one number.
     assert board.end_outcome(run) == "missed by 19 s"
     assert (
-        "tinygpt-tight finished at step 4,999 after 3 min; Tight cutoff: missed by 19 s"
+        "tinygpt-tight finished at step 4,999 after 2 min 59 s; Tight cutoff: missed by 19 s"
         in (end["Subject"])
     )
     text, _ = mailbox.bodies(end)
     assert "Outcome: missed by 19 s" in text
-    assert "Deadline: Tight cutoff (cutoff " in text and " JST)" in text
+    # To the second, as the 19 s it was missed by needs; in the project's zone, not the
+    # deadline's (the emails said JST beside pages in the viewer's zone).
+    local = cutoff.astimezone(project.tzinfo).strftime("%m-%d %H:%M:%S")
+    assert f"Deadline: Tight cutoff (cutoff {local} IST (UTC+5:30))" in text
+    assert "JST" not in text
     assert "Last checkpoint: step 4,000 (" in text and " · /ck/4000.pt" in text
     assert "Resume:" not in text  # a finished run has nothing to resume
     (hook,) = [r.json() for r in sink.to("/hook") if r.json()["kind"] == "finished"]
@@ -198,8 +205,8 @@ def test_a_killed_run_says_where_it_got_to_and_how_to_resume(
     text, html = mailbox.bodies(alert)
     # The checkpoint's own time: step 800 was logged 160 s after the start, 20 s before the
     # last step, and the message says it against its own time, not "ago".
-    assert "Last step: 906 of 6,000 (2 min before this alert)" in text
-    assert "Last checkpoint: step 800 (2 min before this alert) · /ck/800.pt" in text
+    assert "Last step: 906 of 6,000 (1 min 59 s before this alert)" in text
+    assert "Last checkpoint: step 800 (2 min 20 s before this alert) · /ck/800.pt" in text
     assert "Outcome: not finished, 2 h before its cutoff" in text
     resume = (
         "Resume: load the checkpoint at step 800 (/ck/800.pt) and restart with "
@@ -209,9 +216,8 @@ def test_a_killed_run_says_where_it_got_to_and_how_to_resume(
     assert resume in text
     assert "runcast.init(id=&quot;tinygpt-kill&quot;, ...)" in html
     (hook,) = sink.to("/hook")
-    assert (
-        hook.json()["facts"]["Last checkpoint"] == "step 800 (2 min before this alert) · /ck/800.pt"
-    )
+    facts = hook.json()["facts"]
+    assert facts["Last checkpoint"] == "step 800 (2 min 20 s before this alert) · /ck/800.pt"
 
 
 def test_a_reported_crash_says_how_to_resume_and_a_run_without_checkpoints_says_so(
@@ -238,7 +244,7 @@ def test_a_reported_crash_says_how_to_resume_and_a_run_without_checkpoints_says_
         subject
     )
     text, _ = mailbox.bodies(by_run["drill"])
-    assert "Last checkpoint: step 1,000 (2 min before it crashed) · /ck/1000.pt" in text
+    assert "Last checkpoint: step 1,000 (1 min 40 s before it crashed) · /ck/1000.pt" in text
     assert (
         "Resume: load the checkpoint at step 1,000 (/ck/1000.pt) and restart with "
         'runcast.init(id="drill"' in text

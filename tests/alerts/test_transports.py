@@ -75,6 +75,10 @@ def test_it_emails_plain_text_and_html_with_the_numbers(run: Run, mailbox: Mailb
 def test_it_says_a_deadline_risk_in_the_leads_language(
     project: Any, mailbox: Mailbox, no_default_slack: None
 ) -> None:
+    # The clock rule: a message's times are in the project's zone, with the offset, whatever
+    # zone the deadline was announced in (deadline emails said PST and JST beside CET pages).
+    project.timezone = "Europe/Berlin"
+    project.save(update_fields=["timezone"])
     shanghai = "Asia/Shanghai"
     deadline = Deadline.objects.create(
         project=project,
@@ -121,11 +125,13 @@ def test_it_says_a_deadline_risk_in_the_leads_language(
 
     text, _ = mailbox.bodies(mailbox.messages[0])
     assert text.splitlines()[0] == (
-        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 18:00 "
-        "CST (UTC+8), 3 days buffer): P50 finish moved from 05-28 12:00 CST (UTC+8) to "
-        "06-03 11:40 CST (UTC+8) in 24 h; 12% chance "
-        "to make it; it needs 18% more throughput"
+        "post-train-1.0 will likely miss the conference blind eval (cutoff 06-05 12:00 "
+        "CEST (UTC+2), 3 days buffer): P50 finish moved from 05-28 06:00 CEST (UTC+2) to "
+        "06-03 05:40 CEST (UTC+2) in 24 h; 12% chance "
+        "to make it; for 90% it needs +18% speed or 12,000 fewer steps"
     )
+    # The figure in the one wording of the board, the card and the flag (formatting.speedup).
+    assert "For 90%: +18% speed" in text and "more throughput" not in text
 
 
 @pytest.mark.parametrize(
@@ -142,6 +148,32 @@ def test_a_deadline_headline_says_what_its_odds_say(run: Run, p_on_time: float, 
     headline = render(ctx, {}).headline
     assert f"{run} {words} blind eval" in headline
     assert f"{p_on_time:.0%} chance to make it" in headline
+
+
+def test_a_close_call_on_a_short_run_is_written_to_the_second(run: Run) -> None:
+    """Seen: "cutoff 12:49 JST: P50 finish 12:49 JST; 44% chance" for a finish 40 s past a
+    3-minute run's cutoff: minutes hid the one thing the message was about."""
+    from alerts.messages import context_for, render
+
+    at = datetime(2026, 5, 30, 3, 47, 10, tzinfo=UTC)
+    run.deadline = Deadline.objects.create(
+        project=run.project, slug="tight", name="Tight", cutoff=at + timedelta(seconds=95)
+    )
+    run.save(update_fields=["deadline"])
+    Forecast.objects.create(
+        run=run,
+        kind=Forecast.Kind.ETA,
+        computed_at=at,
+        segment=0,
+        input_last_step=10,
+        finish_p50=(at + timedelta(seconds=135)).timestamp(),
+    )
+    flag = flag_raise(run, "deadline", data={"p_on_time": 0.44}, created_at=at)
+    ctx = context_for(
+        run=run, kind="deadline", event="raised", severity="warning", flag=flag, at=at
+    )
+    headline = render(ctx, {}).headline
+    assert "(cutoff 05-30 03:48:45 UTC): P50 finish 05-30 03:49:25 UTC; 44% chance" in headline
 
 
 def test_it_posts_a_block_kit_message_to_slack(run: Run, sink: HttpSink) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -376,6 +376,33 @@ def test_the_history_says_what_a_run_end_message_says_and_when_in_the_viewers_zo
         assert "the run failed" not in page
         assert f"{run} crashed at step 10,085" in page
         assert "When (UTC)" not in page and '<time data-fmt="local" datetime="' in page
+
+
+def test_the_historys_notes_and_messages_are_in_the_viewers_zone(
+    client: Client, viewer: User, run: Run, channel: Channel
+) -> None:
+    """Seen: the Note "cooldown: a nan alert went out at 03:30 UTC" beside a When column in
+    CET, and flag texts in the project's zone. Both hold stamps the page writes as <time>s."""
+    from django.utils import timezone
+
+    from forecasting.estimators import formatting as fmt
+
+    run.project.timezone = "Asia/Shanghai"
+    run.project.save(update_fields=["timezone"])
+    finish = timezone.now().timestamp() + 3600
+    first = flag_raise(run, "nan", explanation=f"NaN; finish was {fmt.stamp(finish)}")
+    services.flags_dispatch()
+    flag_raise(run, "nan", created_at=first.created_at + timedelta(minutes=5))
+    services.flags_dispatch()
+    held = Notification.objects.get(status=Notification.Status.SUPPRESSED)
+    assert held.reason.startswith("cooldown: a nan alert went out at \u27e6")
+    client.force_login(viewer)
+    page = client.get("/projects/llm/alerts/").content.decode()
+    sent = first.created_at.replace(second=0, microsecond=0).isoformat()
+    assert f'went out at <time data-fmt="when" datetime="{sent}">' in page
+    at = datetime.fromtimestamp(finish // 60 * 60, tz=UTC).isoformat()
+    assert f'NaN; finish was <time data-fmt="when" datetime="{at}">' in page
+    assert "CST" not in page and "\u27e6" not in page
 
 
 def test_the_rules_list_shows_each_threshold_in_force(

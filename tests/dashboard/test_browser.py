@@ -108,7 +108,8 @@ def test_board_run_page_and_zoom(page: Any) -> None:
     assert lane.locator("i.bar").count() == 3
     assert "Asia/Shanghai" in lane.locator(".cutoff").inner_text()
     # The cutoff is also shown in the viewer's zone (Berlin here), formatted by the browser.
-    assert "GMT+1" in lane.locator(".cutoff time").first.inner_text()
+    # Named with its offset (the clock rule): en-US Chromium has no letters for Berlin.
+    assert lane.locator(".cutoff time").first.inner_text().endswith(" UTC+1")
     # The run at 0% on time carries its deadline flag (the replay reports as a live run does).
     late = lane.locator("tr", has_text="DeepSeek-V3 proxy")
     assert "deadline" in late.inner_text()
@@ -236,7 +237,8 @@ TIME_TICKS_JS = """(spans) => Promise.all(spans.map(async (span) => {
 }))"""
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-ZONE = r"(GMT[+-]\d{1,2}(:\d\d)?|UTC|[A-Z]{3,5})$"
+# Every time names its zone with the offset: "UTC+1", "UTC", "CET (UTC+1)" (the clock rule).
+ZONE = r"(UTC([+-]\d{1,2}(:\d\d)?)?|[A-Z]{2,5} \(UTC[+-]\d{1,2}(:\d\d)?\))$"
 
 
 def _diverged_run(project: Any, now: Any) -> Run:
@@ -396,9 +398,9 @@ def test_every_time_on_the_run_page_names_its_zone(diverged: Any) -> None:
     pg = diverged
     times = pg.locator("time[data-fmt]").all_inner_texts()
     assert len(times) >= 4 and all(re.search(ZONE, t.strip()) for t in times), times
-    # And the chart's own times (Berlin here: GMT+1 in en-US).
-    assert "GMT+1" in pg.inner_text("#info-eta")
-    assert pg.evaluate("() => window.runcastCharts.eta.axes[0].label").endswith("(GMT+1)")
+    # And the chart's own times, in the same words (Berlin here: UTC+1; en-US says GMT+1).
+    assert "UTC+1" in pg.inner_text("#info-eta") and "GMT" not in pg.inner_text("#info-eta")
+    assert pg.evaluate("() => window.runcastCharts.eta.axes[0].label").endswith("(UTC+1)")
 
 
 def test_a_framework_config_is_a_short_table_that_unfolds(bare_page: Any, project: Any) -> None:
@@ -499,3 +501,31 @@ def test_the_board_gives_run_names_the_room_a_wide_window_has(demo_named: Any) -
         assert not name["cut"], name
         shown = [c["col"] for c in row if c["shown"]]
         assert "timeline" in shown and "Progress" in shown, shown  # everything, when it fits
+
+
+def test_flag_texts_are_written_in_the_viewers_zone(bare_page: Any, project: Any) -> None:
+    """The clock rule: a flag's text holds stamps, the viewer's browser (Berlin here) writes
+    them in its zone with the offset, in the text and in the board's hover, not the project's
+    (Shanghai's "CST (UTC+8)" beside the viewer's CET)."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from forecasting.estimators import formatting as fmt
+    from tests.alerts.fixtures import flag_raise
+
+    project.timezone = "Asia/Shanghai"
+    project.save(update_fields=["timezone"])
+    run = factories.make_run(project, "slipping", points=600)
+    t = float(int(timezone.now().timestamp()) + 3600 + 7)
+    text = f"ETA slipping: finish slipped to {fmt.stamp(t, seconds=True)}"
+    flag_raise(run, "slip", explanation=text, data={"amount_s": 3600.0})
+    berlin = datetime.fromtimestamp(t, ZoneInfo("Europe/Berlin"))
+    offset = fmt.zone_name(berlin).split("(")[-1].rstrip(")")  # "UTC+1" (or +2 in summer)
+    pg = bare_page
+    _open_run(pg, run.public_id)
+    shown = pg.locator(".flags-card time").first.inner_text()
+    assert shown.endswith(f"{berlin:%H:%M:%S} {offset}"), shown
+    assert "CST" not in pg.inner_text("body") and "\u27e6" not in pg.inner_text("body")
+    pg.goto(f"{pg.base}/")
+    title = pg.locator("td.flags .chip", has_text="slip").first.get_attribute("title")
+    assert title is not None and f"{berlin:%H:%M:%S} {offset}" in title, title

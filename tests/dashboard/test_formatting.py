@@ -39,6 +39,6 @@ def test_an_abbreviation_several_zones_share_gets_its_offset() -> None:
     assert fmt.when(t, ZoneInfo("America/Chicago")) == "12-03 16:42 CST (UTC-6)"
     assert fmt.when(t, ZoneInfo("Asia/Kolkata")) == "12-04 04:12 IST (UTC+5:30)"
     assert fmt.when(t, ZoneInfo("Asia/Manila")) == "12-04 06:42 PST (UTC+8)"
-    # Unambiguous names stay as they are.
-    assert fmt.when(t, ZoneInfo("Europe/Berlin")) == "12-03 23:42 CET"
+    # Every name comes with its offset (the clock rule), not only the ambiguous ones.
+    assert fmt.when(t, ZoneInfo("Europe/Berlin")) == "12-03 23:42 CET (UTC+1)"
     assert fmt.when(t, ZoneInfo("America/Los_Angeles")) == "12-03 14:42 PST (UTC-8)"

@@ -115,3 +115,16 @@ def test_it_returns_the_runs_loss_episodes_open_or_closed(api, read_token, proje
     }
     opened, closed = (datetime.fromisoformat(regression[k]) for k in ("opened_at", "closed_at"))
     assert (opened, closed) == (now - timedelta(hours=1), now - timedelta(minutes=30))
+
+
+def test_a_flags_times_come_in_utc_as_every_time_the_api_gives(api, read_token, forecast_run):
+    """A flag's explanation holds stamps (the clock rule); the API writes them in UTC."""
+    from forecasting.estimators import formatting as fmt
+
+    finish = 1.76e9 + 9000
+    slip = Condition("slip", f"finish slipped to {fmt.stamp(finish)}", 1.0, None, {})
+    now = from_epoch(1.76e9 + 2001)
+    flags_sync(run=forecast_run, conditions=[slip], kinds=("slip",), now=now)
+    body = api("GET", "/runs/r1/forecast", read_token).json()
+    (said,) = [f["explanation"] for f in body["flags"] if f["kind"] == "slip"]
+    assert said == f"finish slipped to {fmt.when(finish)}" and said.endswith(" UTC")

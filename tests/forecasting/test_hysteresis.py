@@ -431,3 +431,33 @@ def test_a_better_band_of_odds_is_written_once_it_has_held(project):
     # Worse again is written at once, against the band the flag last wrote (50-75%).
     _replay(run, (0.40,), t)
     assert Flag.objects.filter(run=run, kind="deadline").latest("id").data["p_on_time"] == 0.40
+
+
+def _slips(run: Run, amounts: tuple[float, ...], t: float, every_s: float = 24.0) -> float:
+    for amount in amounts:
+        slip = conditions.Condition("slip", "finish slipped", amount, None, {"amount_s": amount})
+        sync(run, [slip], t)
+        t += every_s
+    return t
+
+
+def test_a_slip_follows_the_deadline_bands_rule(project):
+    """A slip that shrank a band was written at once (and alerted as an update), so one that
+    shrank for a reading and grew back wrote two rows; worse goes out at once, better once it
+    has held, as a deadline's odds do."""
+    run = make_run(project)
+    run.started_at = at(0)
+    run.save()
+    hour = 3600.0
+    t = _slips(run, (5 * hour,) * 4, 1000.0)  # the raise, held over its window (4-8 h band)
+    t = _slips(run, (1.5 * hour, 5 * hour), t)  # smaller for one reading, then back: no news
+    rows = Flag.objects.filter(run=run, kind="slip").order_by("id")
+    assert [(f.state, f.data["amount_s"]) for f in rows] == [("raised", 5 * hour)]
+    t = _slips(run, (1.5 * hour,) * 3, t)  # the smaller slip held over the window: written
+    t = _slips(run, (9 * hour,), t)  # worse than what the flag says: written at once
+    rows = Flag.objects.filter(run=run, kind="slip").order_by("id")
+    assert [(f.state, f.data["amount_s"]) for f in rows] == [
+        ("raised", 5 * hour),
+        ("updated", 1.5 * hour),
+        ("updated", 9 * hour),
+    ]

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from forecasting import compute, conditions, flags, liveness, selectors
+from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
 from tracker.models import Deadline, Run, RunSegment
@@ -436,6 +437,10 @@ def test_an_early_eta_raises_a_deadline_flag_only_when_the_run_is_likely_late(pr
     # Its words follow the odds: "will likely miss" beside "73% likely on time" was a
     # contradiction on the run page.
     assert "is at risk of missing blind eval" in settled[0].explanation
+    # The fix for 90% in the one wording of the board, the card and the message ("+141%
+    # speed", not "140% more throughput").
+    needed = fmt.speedup(settled[0].data["speedup_for_p90"])
+    assert f"for 90% it needs {needed} or " in settled[0].explanation
     # Likely late even for an early forecast: raised.
     late, odds = conditions(eta(9000.0, early=True))
     assert odds < 0.5 and [c.kind for c in late] == ["deadline"]
@@ -477,3 +482,25 @@ def test_a_computation_that_dies_after_its_first_row_leaves_none_of_its_rows(pro
     compute.forecast_compute(run_id=run.pk, now=at(4100))
     kinds = Forecast.objects.filter(run=run, input_last_step=4099).values_list("kind", flat=True)
     assert sorted(kinds) == ["eta", "loss"]
+
+
+def test_an_onset_between_logged_steps_reads_the_same_on_the_chart_and_in_the_email(
+    client, owner, project
+):
+    """Seen: onset 2497 on the chart (the flag's onset_step, cut by int()) and 2,498 in the
+    email (the data's 2497.6, rounded)."""
+    from alerts.messages import context_for
+
+    run = make_run(project)
+    spike = conditions.Condition(
+        "spike", "Loss spiked", 3.0, 2497.6, {"onset_step": 2497.6, "rollback_step": 2400.0}
+    )
+    (flag,) = flags.flags_sync(run=run, conditions=[spike], kinds=("spike",), now=at(3000))
+    assert flag.onset_step == 2498
+    ctx = context_for(
+        run=run, kind="spike", event="raised", severity="warning", flag=flag, at=at(3000)
+    )
+    assert ctx["d"]["onset"] == "2,498"
+    client.force_login(owner)
+    markers = client.get(f"/runs/{project.slug}/{run.public_id}/overview.json").json()["markers"]
+    assert [m["step"] for m in markers if m["kind"] == "onset"] == [2498]

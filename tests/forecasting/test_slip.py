@@ -6,6 +6,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from forecasting.estimators.formatting import render_stamps
 from forecasting.estimators.slip import detect_slip
 
 DAY = 86400.0
@@ -32,7 +33,7 @@ def test_finish_moving_later_is_slipping() -> None:
     res = detect_slip(times, finishes, now=times[-1])
     assert res is not None and res.slipping
     assert res.amount_s > 7 * DAY
-    assert res.explanation.startswith(
+    assert render_stamps(res.explanation).startswith(
         "finish slipped from 05-26 08:00 UTC to 06-03 11:40 UTC over 2 days"
     )
 
@@ -44,11 +45,23 @@ def test_small_move_is_not_slipping() -> None:
     assert res is not None and not res.slipping
 
 
-def test_explanation_uses_given_timezone() -> None:
+def test_explanation_is_rendered_in_the_readers_zone() -> None:
+    """The clock rule: the stored text holds stamps, not one zone's times; a message renders
+    them in the project's zone, a page in the viewer's."""
     times = T0 + np.arange(0, DAY + 1, 3600.0)
     finishes = np.linspace(T0 + 2 * DAY, T0 + 4 * DAY, times.size)
-    utc = detect_slip(times, finishes, now=times[-1])
-    tokyo = detect_slip(times, finishes, now=times[-1], tz=ZoneInfo("Asia/Tokyo"))
-    assert utc is not None and tokyo is not None
-    assert "05-22 08:00" in utc.explanation
-    assert "05-22 17:00 JST" in tokyo.explanation  # UTC+9, and says so
+    res = detect_slip(times, finishes, now=times[-1])
+    assert res is not None
+    assert "05-22 08:00 UTC" in render_stamps(res.explanation)
+    assert "05-22 17:00 JST (UTC+9)" in render_stamps(res.explanation, ZoneInfo("Asia/Tokyo"))
+
+
+def test_a_short_runs_slip_is_written_to_the_second() -> None:
+    """A 10-minute run's slip of 2.5 min: minutes alone read "from 08:10 to 08:12 (+2 min)"."""
+    times = T0 + np.arange(0, 61, 5.0)
+    finishes = np.linspace(T0 + 600, T0 + 750, times.size)
+    res = detect_slip(times, finishes, now=times[-1])
+    assert res is not None and res.slipping
+    assert render_stamps(res.explanation).startswith(
+        "finish slipped from 05-20 08:10:00 UTC to 05-20 08:12:30 UTC over 1 min (+2 min 30 s)"
+    )

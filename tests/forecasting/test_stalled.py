@@ -27,8 +27,8 @@ def test_a_young_run_is_judged_by_the_heartbeat_its_client_declared() -> None:
     assert dead is not None and dead.stalled and dead.kind == "no_heartbeat"
     assert dead.silent_s == pytest.approx(80.0) and dead.usual_interval_s is None
     assert dead.explanation == (
-        "no heartbeat for 1 min (2 contacts since it started; its client beats every 15 s while"
-        " alive)"
+        "no heartbeat for 1 min 20 s (2 contacts since it started; its client beats every 15 s"
+        " while alive)"
     )
     json.dumps(dead.to_dict(), allow_nan=False)
 

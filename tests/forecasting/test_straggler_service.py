@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from forecasting import selectors
+from forecasting.estimators import formatting as fmt
 from forecasting.models import Flag, Forecast
 from forecasting.stragglers import whatif_eta
 from tests.forecasting.test_services import (
@@ -73,9 +74,14 @@ def test_a_slow_rank_raises_a_flag_with_the_whatif_finish_and_resolves_when_it_r
     assert flag.onset_step is not None and 2000 <= flag.onset_step <= 3100
     assert flag.data["whatif_finish_p50"] < flag.data["finish_p50"]
     assert flag.data["whatif_p_on_time"] >= flag.data["p_on_time"]
-    text = flag.explanation
+    text = fmt.render_stamps(flag.explanation)
     assert "rank 5 on node-1 is" in text and "slower since step" in text
     assert "without it: finish" in text and "UTC" in text and "P on time" in text
+    # The stored text holds a stamp, not the project's zone: each reader renders its own.
+    assert fmt.stamp_parts(flag.explanation)[1] == (
+        flag.data["whatif_finish_p50"] // 60 * 60,
+        False,
+    )
     whatif = Forecast.objects.filter(run=run, kind=Forecast.Kind.STRAGGLER).latest("computed_at")
     assert whatif.finish_p50 == pytest.approx(whatif.data["whatif_finish_p50"])
     # One raise, however many computations saw it.

@@ -22,6 +22,7 @@ from runcast.settings import Settings
 from alerts import services as alert_services
 from alerts.models import Channel
 from forecasting import tasks
+from forecasting.estimators import formatting as fmt
 from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag
 from tests.alerts.fixtures import HttpSink
@@ -84,7 +85,9 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     sweep: int,
 ) -> None:
     owner = django_user_model.objects.create_user("ops", "ops@example.com", "pw-ops-12345")
-    project = Project.objects.create(slug="hpc", name="HPC", gpu_hour_price=2.0)
+    project = Project.objects.create(
+        slug="hpc", name="HPC", gpu_hour_price=2.0, timezone="Asia/Shanghai"
+    )
     Membership.objects.create(project=project, user=owner, role=Membership.Role.OWNER)
     alert_services.channel_create(
         project=project, kind=Channel.Kind.SLACK, name="slack", target=sink.url("/slack")
@@ -158,6 +161,10 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     messages = [r.body.decode() for r in sink.to("/slack") if "GPU" in r.body.decode()]
     assert len(messages) == 1, messages
     assert f"pid {sweep}" in messages[0] and "sweep.py" in messages[0]
+    # The clock rule: the burst's time in the message is the project's, with its zone and
+    # offset (it read "at 12-04 06:29", Shanghai's clock with no zone, beside CET pages).
+    burst_at = fmt.when(burst.start, project.tzinfo)
+    assert f"at {burst_at} (" in messages[0] and burst_at.endswith("CST (UTC+8)")
 
     browser = Client()
     browser.force_login(owner)
@@ -166,6 +173,9 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     html = page.content.decode()
     assert "sweep.py" in html
     assert html.count('class="episode unexplained"') == 1
+    # The page writes the burst's time, and its window, in the viewer's zone.
+    assert html.count('<time data-fmt="when" datetime=') == 1 and "CST" not in html
+    assert html.count('<time data-fmt="local" datetime=') >= 2
     assert 'class="event-tick"' in html
     # The run page's cost line splits the measured GPU time: the run's own vs the stranger's.
     run_page = browser.get(reverse("dashboard:run-summary", args=["hpc", "pretrain-7b"]))
