@@ -124,6 +124,141 @@ def split_gpu_activity(
     return {}
 
 
+# -- which process moved each GPU during an episode -------------------------------------------
+
+# (gpu, pid) -> (epoch times, SM percent): the agent's gpu/<i>/proc/<pid>/sm samples.
+ProcessSeries = Mapping[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What moved one GPU during an episode, from its per-process SM samples."""
+
+    gpu: int
+    pid: int | None  # None: no process on it rose over its own level
+    owner: str  # "run" | "other_run" | "unknown"; "" when pid is None
+    run_id: str | None
+    sm_seconds: float  # SM-percent-seconds it added over its own level before the episode
+
+    @property
+    def foreign(self) -> bool:
+        return self.pid is not None and self.owner == "unknown"
+
+
+def gpu_drivers(
+    processes: ProcessSeries,
+    owners: Mapping[int, tuple[str, str | None]],
+    gpus: Iterable[int],
+    start: float,
+    end: float,
+    *,
+    before_s: float,
+    foreign_min_sm_s: float,
+) -> dict[int, Driver]:
+    """Per GPU with process samples over [start - before_s, end): the process that moved it.
+
+    Each process is held against its own median over `before_s` before the episode (0 when it
+    was not on the GPU then): a trainer at 55% did not move a GPU unless it rose. A process of
+    no run (`owners` has no run for it) that added `foreign_min_sm_s` or more is the driver
+    whatever the run's own processes did at the same time; otherwise the process that added
+    most. GPUs without process samples (MIG, older drivers, power alone) are left out: the
+    run's events are all there is to judge them by.
+    """
+    wanted = set(gpus)
+    added: dict[int, dict[int, float]] = {}
+    for (gpu, pid), (t, v) in processes.items():
+        if gpu not in wanted:
+            continue
+        near = (t >= start - before_s) & (t < end)
+        if not near.any():
+            continue
+        inside = near & (t >= start)
+        before = near & ~inside
+        base = float(np.median(v[before])) if before.any() else 0.0
+        period = float(np.median(np.diff(t[near]))) if near.sum() > 1 else 1.0
+        rise = np.clip(v[inside] - base, 0.0, 100.0).sum() * min(max(period, 0.1), 10.0)
+        added.setdefault(gpu, {})[pid] = float(rise)
+    out = {}
+    for gpu, by_pid in added.items():
+        whose = {pid: owners.get(pid, ("unknown", None)) for pid in by_pid}
+        foreign = [
+            (amount, pid)
+            for pid, amount in by_pid.items()
+            if whose[pid][0] == "unknown" and amount >= foreign_min_sm_s
+        ]
+        amount, pid = max(foreign) if foreign else max((a, p) for p, a in by_pid.items())
+        if amount <= 0:
+            out[gpu] = Driver(gpu, None, "", None, 0.0)
+        else:
+            out[gpu] = Driver(gpu, pid, whose[pid][0], whose[pid][1], amount)
+    return out
+
+
+@dataclass
+class EpisodePart:
+    """The GPUs of an episode that share one verdict and the process it names."""
+
+    gpus: list[int]
+    explained: bool
+    reason: str
+    driver: Driver | None  # None: no process data on these GPUs (the run's events decide)
+
+
+def split_by_driver(
+    gpus: Sequence[int], explained: bool, reason: str, drivers: Mapping[int, Driver]
+) -> list[EpisodePart]:
+    """One verdict per GPU, GPUs with the same verdict and process grouped.
+
+    Where process data exists it decides: a process of no run makes its GPUs unexplained
+    whatever the run logged then (its checkpoint explains the run's activity, not a
+    stranger's); another run's process is that run's work; the run's own process, or none that
+    rose, keeps the run's verdict from its events. Without process data the events decide.
+    """
+    parts: dict[tuple[bool, str, int | None, str], EpisodePart] = {}
+    for gpu in gpus:
+        driver = drivers.get(gpu)
+        verdict = (explained, reason)
+        if driver is not None and driver.foreign:
+            verdict = (False, "")
+        elif driver is not None and driver.owner == "other_run":
+            verdict = (True, f"run {driver.run_id}")
+        named = driver if driver is not None and driver.pid is not None else None
+        key = (*verdict, named.pid if named else None, named.owner if named else "")
+        part = parts.get(key)
+        if part is None:
+            part = parts[key] = EpisodePart([], verdict[0], verdict[1], named)
+        part.gpus.append(gpu)
+    return list(parts.values())
+
+
+def moved_gpus(
+    times: np.ndarray,
+    matrix: np.ndarray,
+    gpus: Sequence[int],
+    start: float,
+    end: float,
+    *,
+    before_s: float,
+    rel: float,
+    points: float,
+) -> list[int]:
+    """The GPUs (rows of `matrix`, read at `times`) whose median over [start, end) moved from
+    their median over `before_s` before it by `rel` of that level or `points`, whichever is
+    more: the GPUs an episode found on their mean is about."""
+    inside = (times >= start) & (times < end)
+    before = (times >= start - before_s) & (times < start)
+    out = []
+    for row, gpu in enumerate(gpus):
+        now_v, then_v = matrix[row, inside], matrix[row, before]
+        now_v, then_v = now_v[np.isfinite(now_v)], then_v[np.isfinite(then_v)]
+        if not now_v.size:
+            continue
+        level = float(np.median(then_v)) if then_v.size else 0.0
+        if abs(float(np.median(now_v)) - level) >= max(rel * abs(level), points):
+            out.append(gpu)
+    return out
+
+
 # -- synthetic traces for the bench and tests ------------------------------------------------
 
 

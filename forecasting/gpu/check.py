@@ -22,13 +22,20 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from forecasting.conditions import Condition
+from forecasting.estimators import gpu_attribution as gattr
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.formatting import span, when
 from forecasting.flags import flag_event
-from forecasting.gpu.hosts import HostRun, owners_of, per_second, runs_on
+from forecasting.gpu.hosts import (
+    HostRun,
+    busiest_first,
+    owners_of,
+    per_second,
+    process_series,
+    runs_on,
+)
 from forecasting.models import Flag
 from tracker.gpu import selectors as store
-from tracker.gpu.selectors import Series
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run
 from tracker.selectors import loss_key_for, series_keys, series_load
 
@@ -51,9 +58,6 @@ def _ga() -> Any:
     return gpu_activity
 
 
-_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
-
-
 def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode]:
     """Find and store this host's new episodes; raise a flag for each unexplained one."""
     host = Host.objects.select_related("project").get(pk=host_id)
@@ -62,7 +66,11 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
     util = per_second(series)
     if not util:
         return []
-    runs = runs_on(host)
+    processes = process_series(series)
+    sm_by_pid: dict[int, float] = defaultdict(float)
+    for (_gpu, pid), (_t, v) in processes.items():
+        sm_by_pid[pid] += float(np.clip(v, 0, 100).sum())
+    runs = busiest_first(runs_on(host), host, sm_by_pid)
     if not runs:
         return []
     host_run = runs[0]
@@ -72,29 +80,48 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
     events = _run_events(host_run.run, grid[0], grid[-1])
     est = _ga()
     settings = est.Settings(**SETTINGS_OVERRIDES)
-    found: list[ga.Episode] = []
-    episodes_gpus: list[list[int]] = []
+    found: list[tuple[ga.Episode, list[int]]] = []
     mean = np.nanmean(matrix, axis=0)
     for e in est.find_episodes(grid, mean, events, settings=settings):
-        found.append(e)
-        episodes_gpus.append(_gpus_in(matrix, gpus, e))
+        found.append((e, _gpus_in(grid, matrix, gpus, e, processes, owners)))
     for row, gpu in enumerate(gpus):
         others = np.delete(matrix, row, axis=0)
         peers = np.nanmedian(others, axis=0) if others.shape[0] >= 2 else None
         for e in est.find_episodes(grid, matrix[row], events, peers=peers, settings=settings):
-            if not any(_overlap(e, f) for f in found):
-                found.append(e)
-                episodes_gpus.append([gpu])
+            if not any(_overlap(e, f) and gpu in on for f, on in found):
+                found.append((e, [gpu]))
     _check_hang(host, host_run.run, grid, mean, gpus)
     stored: list[GpuEpisode] = []
-    for episode, on in zip(found, episodes_gpus, strict=True):
+    for episode, on in found:
+        parts = _parts(episode, on, processes, owners)
         # Still growing at the window's end: judge it once it is over (or on a later check).
-        if episode.end >= grid[-1] - 2 and not episode.explained and episode.duration_s < 60:
+        growing = episode.end >= grid[-1] - 2 and episode.duration_s < 60
+        if growing and not all(p.explained for p in parts):
             continue
-        saved = _store(host, host_run, episode, on, series, owners)
-        if saved is not None:
-            stored.append(saved)
+        for part in parts:
+            saved = _store(host, host_run, episode, part, processes, owners)
+            if saved is not None:
+                stored.append(saved)
     return stored
+
+
+def _parts(
+    e: ga.Episode,
+    on: list[int],
+    processes: gattr.ProcessSeries,
+    owners: dict[int, tuple[str, str | None, HostProcess]],
+) -> list[gattr.EpisodePart]:
+    """The episode's GPUs, grouped by verdict and the process that moved them."""
+    drivers = gattr.gpu_drivers(
+        processes,
+        {pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
+        on,
+        e.start,
+        e.end,
+        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
+        foreign_min_sm_s=th.GPU_FOREIGN_MIN_SM_S,
+    )
+    return gattr.split_by_driver(on, e.explained, e.reason, drivers)
 
 
 def _grid(
@@ -125,8 +152,37 @@ def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
     return result
 
 
-def _gpus_in(matrix: np.ndarray, gpus: list[int], e: ga.Episode) -> list[int]:
-    return list(gpus)
+def _gpus_in(
+    grid: np.ndarray,
+    matrix: np.ndarray,
+    gpus: list[int],
+    e: ga.Episode,
+    processes: gattr.ProcessSeries,
+    owners: dict[int, tuple[str, str | None, HostProcess]],
+) -> list[int]:
+    """The GPUs an episode found on their mean is about: those whose own level moved, and
+    those a process of no run was busy on (foreign work is never folded into the run's)."""
+    moved = gattr.moved_gpus(
+        grid,
+        matrix,
+        gpus,
+        e.start,
+        e.end,
+        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
+        rel=th.GPU_MOVED_REL,
+        points=th.GPU_MOVED_POINTS,
+    )
+    drivers = gattr.gpu_drivers(
+        processes,
+        {pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
+        gpus,
+        e.start,
+        e.end,
+        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
+        foreign_min_sm_s=th.GPU_FOREIGN_MIN_SM_S,
+    )
+    on = sorted(set(moved) | {g for g, d in drivers.items() if d.foreign})
+    return on or list(gpus)
 
 
 def _overlap(a: ga.Episode, b: ga.Episode) -> bool:
@@ -181,7 +237,7 @@ def _check_hang(
 
 
 def _attribution(
-    series: Series,
+    processes: gattr.ProcessSeries,
     owners: dict[int, tuple[str, str | None, HostProcess]],
     on: list[int],
     start: float,
@@ -189,11 +245,9 @@ def _attribution(
 ) -> dict[str, Any]:
     by_pid: dict[int, float] = defaultdict(float)
     totals = {"run": 0.0, "other_runs": 0.0, "unknown": 0.0}
-    for key, (t, v) in series.items():
-        match = _PROC_SM.match(key)
-        if not match or int(match.group(1)) not in on:
+    for (gpu, pid), (t, v) in processes.items():
+        if gpu not in on:
             continue
-        pid = int(match.group(2))
         inside = (t >= start) & (t < end)
         amount = float(np.clip(v[inside], 0, 100).sum())
         owner = owners.get(pid, ("unknown", None, None))[0]
@@ -204,16 +258,7 @@ def _attribution(
     unknown = [(a, p) for p, a in by_pid.items() if owners.get(p, ("unknown",))[0] != "run"]
     if unknown:
         amount, pid = max(unknown)
-        owner, rid, proc = owners.get(pid, ("unknown", None, None))
-        top = {
-            "pid": pid,
-            "share": amount / total if total else 0.0,
-            "owner": owner,
-            "run": rid,
-            "cmdline": proc.cmdline if proc else "",
-            "user": proc.user if proc else "",
-            "container": proc.container if proc else "",
-        }
+        top = {**_process(pid, owners), "share": amount / total if total else 0.0}
     return {
         "sm_seconds": totals,
         "fractions": {k: (v / total if total else 0.0) for k, v in totals.items()},
@@ -221,32 +266,86 @@ def _attribution(
     }
 
 
+def _process(pid: int, owners: dict[int, tuple[str, str | None, HostProcess]]) -> dict[str, Any]:
+    owner, rid, proc = owners.get(pid, ("unknown", None, None))
+    return {
+        "pid": pid,
+        "owner": owner,
+        "run": rid,
+        "cmdline": proc.cmdline if proc else "",
+        "user": proc.user if proc else "",
+        "container": proc.container if proc else "",
+    }
+
+
+def _event_near(run: Run, reason: str, start: float, end: float) -> dict[str, Any] | None:
+    """The run's logged event the estimator's reason names (its kinds), nearest the episode."""
+    kinds = [k.strip() for k in reason.split(",") if k.strip()]
+    if not kinds:
+        return None
+    window = th.GPU_EVENT_WINDOW_S
+    lo = datetime.fromtimestamp(start - window, tz=UTC)
+    # A checkpoint logged when it finished, with its duration, ends after the episode.
+    hi = datetime.fromtimestamp(end + window + th.GPU_CHECK_LOOKBACK_S, tz=UTC)
+    rows = Event.objects.filter(run=run, kind__in=kinds, time__gte=lo, time__lte=hi)
+    best = min(rows, key=lambda ev: abs(ev.time.timestamp() - start), default=None)
+    if best is None:
+        return None
+    return {"kind": best.kind, "time": best.time.timestamp(), "step": best.step}
+
+
+def _reason(host: Host, part: gattr.EpisodePart, event: dict[str, Any] | None) -> str:
+    """'checkpoint at 12-03 09:54 (step 1200), pid 4121 `python train.py`': the event and the
+    process that explain it (200 characters at most: the row's field)."""
+    text = part.reason
+    if event is not None and part.explained and part.reason == event["kind"]:
+        text = f"{event['kind']} at {when(event['time'], host.project.tzinfo, zone=False)}"
+        text += f" (step {event['step']})" if event["step"] is not None else ""
+    driver = part.driver
+    if part.explained and driver is not None and driver.pid is not None:
+        proc = HostProcess.objects.filter(host=host, pid=driver.pid).order_by("-first_seen")
+        first = proc.first()
+        command = short_command(first.cmdline, 60) if first else ""
+        text += f", pid {driver.pid}" + (f" `{command}`" if command else "")
+    return text[:200]
+
+
 def _store(
     host: Host,
     host_run: HostRun,
     e: ga.Episode,
-    on: list[int],
-    series: Series,
+    part: gattr.EpisodePart,
+    processes: gattr.ProcessSeries,
     owners: dict[int, tuple[str, str | None, HostProcess]],
 ) -> GpuEpisode | None:
-    attribution = _attribution(series, owners, on, e.start, e.end)
+    attribution = _attribution(processes, owners, part.gpus, e.start, e.end)
+    driver = part.driver
+    attribution["driver"] = (
+        {**_process(driver.pid, owners), "sm_seconds": driver.sm_seconds}
+        if driver is not None and driver.pid is not None
+        else None
+    )
+    # The run's event near it: what explains it, or (for another process's work over it) what
+    # did not.
+    event = _event_near(host_run.run, e.reason, e.start, e.end) if e.explained else None
+    attribution["event"] = event
     try:
         with transaction.atomic():
             row = GpuEpisode.objects.create(
                 host=host,
                 run=host_run.run,
-                gpus=on,
+                gpus=part.gpus,
                 start=e.start,
                 end=e.end,
                 kind=e.kind,
-                explained=e.explained,
-                reason=e.reason,
+                explained=part.explained,
+                reason=_reason(host, part, event),
                 expected=e.expected,
                 observed=e.observed,
                 attribution=attribution,
                 text="",
             )
-            if not e.explained:
+            if not part.explained:
                 row.text = message(host, row)
                 row.save(update_fields=["text"])
                 _flag(host_run.run, row)
@@ -263,8 +362,14 @@ def message(host: Host, row: GpuEpisode) -> str:
     text = (
         f"{gpus} on {host.name} {direction} {row.observed:.0f}% for {span(row.end - row.start)}"
         f" at {when(row.start, tz, zone=False)} ({delta:+.0f} points over the run's training"
-        f" level); no logged event within ±{th.GPU_EVENT_WINDOW_S:.0f} s"
+        f" level); "
     )
+    event = row.attribution.get("event")
+    if event:
+        # The run's own event at that time explains the run's work, not another process's.
+        text += f"not the run's own work (its {event['kind']} then explains only its processes)"
+    else:
+        text += f"no logged event within ±{th.GPU_EVENT_WINDOW_S:.0f} s"
     top = row.attribution.get("top")
     if top:
         who = "not part of any run" if top["owner"] == "unknown" else f"run {top['run']}"

@@ -13,6 +13,7 @@ from tracker.gpu.selectors import Series
 from tracker.models import Host, HostProcess, Run, RunProcess
 
 _UTIL = re.compile(r"^gpu/(\d+)/util$")
+_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
 
 
 @dataclass
@@ -33,6 +34,39 @@ def per_second(series: Series) -> dict[int, tuple[np.ndarray, np.ndarray]]:
             counts = np.bincount(inverse)
             out[int(match.group(1))] = (keys, sums / counts)
     return out
+
+
+def process_series(series: Series) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(gpu, pid) -> the process's SM-percent samples on that GPU."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _PROC_SM.match(key)
+        if match and t.size:
+            out[(int(match.group(1)), int(match.group(2)))] = (t, v)
+    return out
+
+
+def busiest_first(runs: list[HostRun], host: Host, sm_by_pid: dict[int, float]) -> list[HostRun]:
+    """The runs on the host, the one whose processes used most of its GPUs first (the run the
+    check holds the activity against; the newest run on the kernel need not be on the GPUs:
+    every run started on a machine shares its boot id)."""
+    if len(runs) < 2:
+        return runs
+    used: dict[str, float] = {}
+    for owner, rid, proc in owners_of(host, runs).values():
+        if owner in ("run", "other_run") and rid is not None:
+            used[rid] = used.get(rid, 0.0) + sm_by_pid.get(proc.pid, 0.0)
+    return sorted(runs, key=lambda r: -used.get(r.run.public_id, 0.0))
+
+
+def runs_seen(runs: list[HostRun], host: Host, pids: set[int]) -> list[Run]:
+    """The runs with a process among `pids` (those sampled on the host's GPUs in a window)."""
+    seen = {
+        rid
+        for owner, rid, proc in (owners_of(host, runs).values() if runs else ())
+        if owner in ("run", "other_run") and proc.pid in pids
+    }
+    return [r.run for r in runs if r.run.public_id in seen]
 
 
 def runs_on(host: Host) -> list[HostRun]:
