@@ -99,7 +99,8 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
         if growing and not all(p.explained for p in parts):
             continue
         for part in parts:
-            saved = _store(host, host_run, episode, part, processes, owners)
+            observed = _observed(grid, matrix, gpus, part.gpus, episode)
+            saved = _store(host, host_run, episode, part, processes, owners, observed)
             if saved is not None:
                 stored.append(saved)
     return stored
@@ -310,6 +311,19 @@ def _reason(host: Host, part: gattr.EpisodePart, event: dict[str, Any] | None) -
     return text[:200]
 
 
+def _observed(
+    grid: np.ndarray, matrix: np.ndarray, gpus: list[int], on: list[int], e: ga.Episode
+) -> float:
+    """The median utilisation of these GPUs over the episode (the episode's own figure is of
+    the series it was found on: the GPUs' mean, for an episode split by process)."""
+    inside = (grid >= e.start) & (grid < e.end)
+    rows = matrix[[gpus.index(g) for g in on]][:, inside]
+    finite = np.isfinite(rows)
+    counts = finite.sum(axis=0)
+    values = np.where(finite, rows, 0.0).sum(axis=0)[counts > 0] / counts[counts > 0]
+    return float(np.median(values)) if values.size else e.observed
+
+
 def _store(
     host: Host,
     host_run: HostRun,
@@ -317,6 +331,7 @@ def _store(
     part: gattr.EpisodePart,
     processes: gattr.ProcessSeries,
     owners: dict[int, tuple[str, str | None, HostProcess]],
+    observed: float,
 ) -> GpuEpisode | None:
     attribution = _attribution(processes, owners, part.gpus, e.start, e.end)
     driver = part.driver
@@ -341,7 +356,7 @@ def _store(
                 explained=part.explained,
                 reason=_reason(host, part, event),
                 expected=e.expected,
-                observed=e.observed,
+                observed=observed,
                 attribution=attribution,
                 text="",
             )
