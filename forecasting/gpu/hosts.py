@@ -59,13 +59,11 @@ def busiest_first(runs: list[HostRun], host: Host, sm_by_pid: dict[int, float]) 
     return sorted(runs, key=lambda r: -used.get(r.run.public_id, 0.0))
 
 
-def runs_seen(runs: list[HostRun], host: Host, pids: set[int]) -> list[Run]:
+def runs_seen(
+    runs: list[HostRun], owners: dict[int, tuple[str, str | None, HostProcess]], pids: set[int]
+) -> list[Run]:
     """The runs with a process among `pids` (those sampled on the host's GPUs in a window)."""
-    seen = {
-        rid
-        for owner, rid, proc in (owners_of(host, runs).values() if runs else ())
-        if owner in ("run", "other_run") and proc.pid in pids
-    }
+    seen = {rid for pid, (owner, rid, _) in owners.items() if owner != "unknown" and pid in pids}
     return [r.run for r in runs if r.run.public_id in seen]
 
 
