@@ -12,6 +12,7 @@ its environment names the run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,40 @@ def split_gpu_activity(
     if memory > 0:
         return {pid: gpu_util * max(0.0, v) / memory for pid, v in process_memory.items()}
     return {}
+
+
+# -- the agent's series: utilisation per second, SM share per process -----------------------
+
+_UTIL = re.compile(r"^gpu/(\d+)/util$")
+_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
+
+
+def per_second(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each GPU's utilisation in 1-s bins (NVML's sub-second samples averaged)."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _UTIL.match(key)
+        if match and t.size:
+            seconds = np.floor(t)
+            keys, inverse = np.unique(seconds, return_inverse=True)
+            sums = np.bincount(inverse, weights=v)
+            counts = np.bincount(inverse)
+            out[int(match.group(1))] = (keys, sums / counts)
+    return out
+
+
+def process_series(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(gpu, pid) -> the process's SM-percent samples on that GPU."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _PROC_SM.match(key)
+        if match and t.size:
+            out[(int(match.group(1)), int(match.group(2)))] = (t, v)
+    return out
 
 
 # -- which process moved each GPU during an episode -------------------------------------------

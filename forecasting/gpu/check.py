@@ -30,8 +30,6 @@ from forecasting.gpu.hosts import (
     HostRun,
     busiest_first,
     owners_of,
-    per_second,
-    process_series,
     runs_on,
 )
 from forecasting.models import Flag
@@ -43,13 +41,6 @@ if TYPE_CHECKING:
     # gpu_activity pulls in pandas: the pages (host view, run cost) must not (tests/
     # test_web_imports.py); only the check, in the Celery worker, imports it.
     from forecasting.estimators import gpu_activity as ga
-
-# The estimator's settings on the server (forecasting.estimators.gpu_activity.Settings).
-SETTINGS_OVERRIDES: dict[str, float] = {
-    "tolerance_s": th.GPU_CHECK_TOLERANCE_S,
-    "event_window_s": th.GPU_EVENT_WINDOW_S,
-    "rel": th.GPU_CHECK_REL,
-}
 
 
 def _ga() -> Any:
@@ -63,10 +54,10 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
     host = Host.objects.select_related("project").get(pk=host_id)
     now = timezone.now().timestamp() if now is None else now
     series = store.host_series(host=host, t0=now - th.GPU_CHECK_LOOKBACK_S, t1=now, prefix="gpu/")
-    util = per_second(series)
+    util = gattr.per_second(series)
     if not util:
         return []
-    processes = process_series(series)
+    processes = gattr.process_series(series)
     sm_by_pid: dict[int, float] = defaultdict(float)
     for (_gpu, pid), (_t, v) in processes.items():
         sm_by_pid[pid] += float(np.clip(v, 0, 100).sum())
@@ -76,24 +67,21 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
     host_run = runs[0]
     owners = owners_of(host, runs)
     gpus = sorted(util)
-    grid, matrix = _grid(util, gpus)
-    events = _run_events(host_run.run, grid[0], grid[-1])
-    est = _ga()
-    settings = est.Settings(**SETTINGS_OVERRIDES)
-    found: list[tuple[ga.Episode, list[int]]] = []
-    mean = np.nanmean(matrix, axis=0)
-    for e in est.find_episodes(grid, mean, events, settings=settings):
-        found.append((e, _gpus_in(grid, matrix, gpus, e, processes, owners)))
-    for row, gpu in enumerate(gpus):
-        others = np.delete(matrix, row, axis=0)
-        peers = np.nanmedian(others, axis=0) if others.shape[0] >= 2 else None
-        for e in est.find_episodes(grid, matrix[row], events, peers=peers, settings=settings):
-            if not any(_overlap(e, f) and gpu in on for f, on in found):
-                found.append((e, [gpu]))
-    _check_hang(host, host_run.run, grid, mean, gpus)
+    from forecasting.estimators.gpu_activity import host as ga_host
+
+    grid, matrix = ga_host.grid_of(util, gpus)
+    found = ga_host.host_episodes(
+        grid,
+        matrix,
+        gpus,
+        _run_events(host_run.run, grid[0], grid[-1]),
+        processes=processes,
+        owners={pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
+    )
+    _check_hang(host, host_run.run, grid, np.nanmean(matrix, axis=0), gpus)
     stored: list[GpuEpisode] = []
-    for episode, on in found:
-        parts = _parts(episode, on, processes, owners)
+    for found_on in found:
+        episode, parts = found_on.episode, found_on.parts
         # Still growing at the window's end: judge it once it is over (or on a later check).
         growing = episode.end >= grid[-1] - 2 and episode.duration_s < 60
         if growing and not all(p.explained for p in parts):
@@ -104,38 +92,6 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
             if saved is not None:
                 stored.append(saved)
     return stored
-
-
-def _parts(
-    e: ga.Episode,
-    on: list[int],
-    processes: gattr.ProcessSeries,
-    owners: dict[int, tuple[str, str | None, HostProcess]],
-) -> list[gattr.EpisodePart]:
-    """The episode's GPUs, grouped by verdict and the process that moved them."""
-    drivers = gattr.gpu_drivers(
-        processes,
-        {pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
-        on,
-        e.start,
-        e.end,
-        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
-        foreign_min_sm_s=th.GPU_FOREIGN_MIN_SM_S,
-    )
-    return gattr.split_by_driver(on, e.explained, e.reason, drivers)
-
-
-def _grid(
-    util: dict[int, tuple[np.ndarray, np.ndarray]], gpus: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    t0 = min(t[0] for t, _ in util.values())
-    t1 = max(t[-1] for t, _ in util.values())
-    grid = np.arange(t0, t1 + 1.0)
-    matrix = np.full((len(gpus), grid.size), np.nan)
-    for row, gpu in enumerate(gpus):
-        t, v = util[gpu]
-        matrix[row, (t - t0).astype(int)] = v
-    return grid, matrix
 
 
 def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
@@ -151,43 +107,6 @@ def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
         marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=before))
     result: ga.RunEvents = est.RunEvents(phases=[est.Phase(start, end, "train")], marks=marks)
     return result
-
-
-def _gpus_in(
-    grid: np.ndarray,
-    matrix: np.ndarray,
-    gpus: list[int],
-    e: ga.Episode,
-    processes: gattr.ProcessSeries,
-    owners: dict[int, tuple[str, str | None, HostProcess]],
-) -> list[int]:
-    """The GPUs an episode found on their mean is about: those whose own level moved, and
-    those a process of no run was busy on (foreign work is never folded into the run's)."""
-    moved = gattr.moved_gpus(
-        grid,
-        matrix,
-        gpus,
-        e.start,
-        e.end,
-        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
-        rel=th.GPU_MOVED_REL,
-        points=th.GPU_MOVED_POINTS,
-    )
-    drivers = gattr.gpu_drivers(
-        processes,
-        {pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
-        gpus,
-        e.start,
-        e.end,
-        before_s=th.GPU_ATTRIBUTION_BEFORE_S,
-        foreign_min_sm_s=th.GPU_FOREIGN_MIN_SM_S,
-    )
-    on = sorted(set(moved) | {g for g, d in drivers.items() if d.foreign})
-    return on or list(gpus)
-
-
-def _overlap(a: ga.Episode, b: ga.Episode) -> bool:
-    return a.start < b.end and b.start < a.end
 
 
 # -- hang -----------------------------------------------------------------------------------

@@ -1,49 +1,18 @@
-"""Which runs and processes are on a host, and its GPUs' utilisation per second: the inputs
-the GPU check and the host page share."""
+"""Which runs and processes are on a host: the inputs the GPU check and the host page share
+(its GPUs' utilisation per second and processes' series: estimators.gpu_attribution)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from forecasting.estimators import gpu_attribution as gattr
-from tracker.gpu.selectors import Series
 from tracker.models import Host, HostProcess, Run, RunProcess
-
-_UTIL = re.compile(r"^gpu/(\d+)/util$")
-_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
 
 
 @dataclass
 class HostRun:
     run: Run
     keys: set[tuple[str, int, int]]
-
-
-def per_second(series: Series) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each GPU's utilisation in 1-s bins (NVML's sub-second samples averaged)."""
-    out = {}
-    for key, (t, v) in series.items():
-        match = _UTIL.match(key)
-        if match and t.size:
-            seconds = np.floor(t)
-            keys, inverse = np.unique(seconds, return_inverse=True)
-            sums = np.bincount(inverse, weights=v)
-            counts = np.bincount(inverse)
-            out[int(match.group(1))] = (keys, sums / counts)
-    return out
-
-
-def process_series(series: Series) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    """(gpu, pid) -> the process's SM-percent samples on that GPU."""
-    out = {}
-    for key, (t, v) in series.items():
-        match = _PROC_SM.match(key)
-        if match and t.size:
-            out[(int(match.group(1)), int(match.group(2)))] = (t, v)
-    return out
 
 
 def busiest_first(runs: list[HostRun], host: Host, sm_by_pid: dict[int, float]) -> list[HostRun]:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from django.utils import timezone
 
-from forecasting.gpu.hosts import owners_of, per_second, process_series, runs_on, runs_seen
+from forecasting.estimators.gpu_attribution import per_second, process_series
+from forecasting.gpu.hosts import owners_of, runs_on, runs_seen
 from tracker.gpu import selectors as store
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run, RunProcess
 
