@@ -193,13 +193,16 @@ def gpu_drivers(
     """Per GPU with process samples over [start - before_s, end): the process that moved it.
 
     Each process is held against its own median over `before_s` before the episode (0 when it
-    was not on the GPU then): a trainer at 55% did not move a GPU unless it rose. A process of
+    was absent from most of it: a stranger that started two seconds before the episode was
+    found did not "hold" its level): a trainer at 55% did not move a GPU unless it rose. A
+    process of
     no run (`owners` has no run for it) that added `foreign_min_sm_s` or more is the driver
     whatever the run's own processes did at the same time; otherwise the process that added
     most. GPUs without process samples (MIG, older drivers, power alone) are left out: the
     run's events are all there is to judge them by.
     """
     wanted = set(gpus)
+    readings = _readings_before(processes, wanted, start, before_s)
     added: dict[int, dict[int, float]] = {}
     for (gpu, pid), (t, v) in processes.items():
         if gpu not in wanted:
@@ -209,7 +212,8 @@ def gpu_drivers(
             continue
         inside = near & (t >= start)
         before = near & ~inside
-        base = float(np.median(v[before])) if before.any() else 0.0
+        present = before.sum() >= 0.5 * readings.get(gpu, 0)
+        base = float(np.median(v[before])) if before.any() and present else 0.0
         period = float(np.median(np.diff(t[near]))) if near.sum() > 1 else 1.0
         rise = np.clip(v[inside] - base, 0.0, 100.0).sum() * min(max(period, 0.1), 10.0)
         added.setdefault(gpu, {})[pid] = float(rise)
@@ -226,6 +230,19 @@ def gpu_drivers(
             out[gpu] = Driver(gpu, None, "", None, 0.0)
         else:
             out[gpu] = Driver(gpu, pid, whose[pid][0], whose[pid][1], amount)
+    return out
+
+
+def _readings_before(
+    processes: ProcessSeries, gpus: set[int], start: float, before_s: float
+) -> dict[int, int]:
+    """Per GPU, the most readings any process on it has over `before_s` before `start`: how
+    many a process there all along has (the agent reads every process at each sample)."""
+    out: dict[int, int] = {}
+    for (gpu, _pid), (t, _v) in processes.items():
+        if gpu in gpus:
+            n = int(((t >= start - before_s) & (t < start)).sum())
+            out[gpu] = max(out.get(gpu, 0), n)
     return out
 
 

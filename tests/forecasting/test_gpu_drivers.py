@@ -73,3 +73,14 @@ def test_moved_gpus_are_those_whose_own_level_moved() -> None:
         seconds, matrix, [0, 1, 2], 120.0, 160.0, before_s=60.0, rel=0.1, points=5.0
     )
     assert moved == [0, 2]
+
+
+def test_a_stranger_that_started_just_before_the_episode_is_held_against_its_absence() -> None:
+    # On the GPU from 2 s before the episode was found: its two readings there are not its level.
+    present = seconds >= 118
+    processes = {
+        (0, TRAINER): (seconds, sm(55.0, 30.0)),
+        (0, STRANGER): (seconds[present], np.full(present.sum(), 37.0)),
+    }
+    found = drivers(processes, [0])
+    assert found[0].pid == STRANGER and found[0].foreign
