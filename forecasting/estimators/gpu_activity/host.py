@@ -70,8 +70,13 @@ def host_episodes(
         others = np.delete(matrix, row, axis=0)
         peers = _median(others) if others.shape[0] >= 2 else None
         for e in find_episodes(grid, matrix[row], events, peers=peers, settings=settings):
-            if not any(_overlap(e, f) and gpu in on for f, on in found):
-                found.append((e, [gpu]))
+            if any(_overlap(e, f) and gpu in on for f, on in found):
+                continue
+            # Against peers, a GPU left at its own level while most of the others rose (foreign
+            # work on five of eight) departs from their median: the episode is theirs.
+            if peers is not None and not _moved(grid, matrix[row : row + 1], [gpu], e):
+                continue
+            found.append((e, [gpu]))
     return [HostEpisode(e, _parts(e, on, processes, owners)) for e, on in found]
 
 
@@ -102,7 +107,13 @@ def _gpus_in(
 ) -> list[int]:
     """The GPUs an episode found on their mean is about: those whose own level moved, and
     those a process of no run was busy on (foreign work is never folded into the run's)."""
-    moved = gattr.moved_gpus(
+    moved = _moved(grid, matrix, gpus, e)
+    foreign = {g for g, d in _drivers(processes, owners, gpus, e).items() if d.foreign}
+    return sorted(set(moved) | foreign) or list(gpus)
+
+
+def _moved(grid: np.ndarray, matrix: np.ndarray, gpus: list[int], e: Episode) -> list[int]:
+    return gattr.moved_gpus(
         grid,
         matrix,
         gpus,
@@ -112,8 +123,6 @@ def _gpus_in(
         rel=th.GPU_MOVED_REL,
         points=th.GPU_MOVED_POINTS,
     )
-    foreign = {g for g, d in _drivers(processes, owners, gpus, e).items() if d.foreign}
-    return sorted(set(moved) | foreign) or list(gpus)
 
 
 def _parts(
