@@ -1,13 +1,14 @@
 """GPU activity against the run's own events: episodes, attribution, `gpu_unexplained` flags.
 
 `gpu_check_host` reads a host's recent agent series, finds the run(s) whose processes are on its
-GPUs (tracker.RunProcess identities matched to the agent's HostProcess rows), runs
-forecasting.estimators.gpu_activity on each run GPU (its other GPUs as peers) and on their mean
-(foreign work on every GPU at once has no peer to stand out against), splits each episode's SM
-time by owner (forecasting.estimators.gpu_attribution) and stores it. Each new unexplained
-episode raises one `gpu_unexplained` flag on the run, through the one flag writer
-(forecasting.flags). Idempotent: an episode is unique on (host, start, kind), and only a newly
-stored one raises.
+GPUs (tracker.RunProcess identities matched to the agent's HostProcess rows) and holds the GPUs
+against the events of the one that used them most: forecasting.estimators.gpu_activity.host
+finds the episodes on their mean and on each GPU (its other GPUs as peers) and splits each by
+the process that moved its GPUs (a process of no run makes its GPUs' part unexplained whatever
+the run logged). Each part is stored with its SM time by owner, the process and the event that
+explain it. Each new unexplained part raises one `gpu_unexplained` flag on the run, through the
+one flag writer (forecasting.flags). Idempotent: an episode is unique on (host, start, kind,
+gpus), and only a newly stored one raises.
 """
 
 from __future__ import annotations
@@ -102,11 +103,16 @@ def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
     lo = datetime.fromtimestamp(t0 - th.GPU_EVENT_WINDOW_S, tz=UTC)
     hi = datetime.fromtimestamp(t1 + th.GPU_EVENT_WINDOW_S, tz=UTC)
     for event in Event.objects.filter(run=run, time__gte=lo, time__lte=hi):
-        duration = event.payload.get("duration_s") if isinstance(event.payload, dict) else None
-        before = float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
-        marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=before))
+        marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=_before_s(event)))
     result: ga.RunEvents = est.RunEvents(phases=[est.Phase(start, end, "train")], marks=marks)
     return result
+
+
+def _before_s(event: Event) -> float:
+    """How long before its time an event covers: its `duration_s` (a checkpoint logged once
+    written), else 0."""
+    duration = event.payload.get("duration_s") if isinstance(event.payload, dict) else None
+    return float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
 
 
 # -- hang -----------------------------------------------------------------------------------
@@ -205,10 +211,19 @@ def _event_near(run: Run, reason: str, start: float, end: float) -> dict[str, An
         return None
     window = th.GPU_EVENT_WINDOW_S
     lo = datetime.fromtimestamp(start - window, tz=UTC)
-    # A checkpoint logged when it finished, with its duration, ends after the episode.
+    # A checkpoint is logged once written, its duration before it: as late as the check reads.
     hi = datetime.fromtimestamp(end + window + th.GPU_CHECK_LOOKBACK_S, tz=UTC)
     rows = Event.objects.filter(run=run, kind__in=kinds, time__gte=lo, time__lte=hi)
-    best = min(rows, key=lambda ev: abs(ev.time.timestamp() - start), default=None)
+
+    # Those whose window (as the estimator's marks: the duration before, the event window
+    # either side) reaches the episode; of those the nearest.
+    reaching = [
+        ev
+        for ev in rows
+        if ev.time.timestamp() - _before_s(ev) - window <= end
+        and ev.time.timestamp() + window >= start
+    ]
+    best = min(reaching, key=lambda ev: abs(ev.time.timestamp() - start), default=None)
     if best is None:
         return None
     return {"kind": best.kind, "time": best.time.timestamp(), "step": best.step}
