@@ -35,7 +35,8 @@ def run_host_pages(*, run: Run, agent_hosts: list[str]) -> list[tuple[str, bool]
     reported = list(run.hosts or [])
     named = Host.objects.filter(project=run.project_id, name__in=reported)
     pages = set(named.values_list("name", flat=True)) if reported else set()
-    pages |= set(agent_hosts)
+    # The page's URL takes a name without "/" (a host registered so never sends a batch).
+    pages = {name for name in pages | set(agent_hosts) if "/" not in name}
     return [(name, name in pages) for name in reported] + [
         (name, True) for name in sorted(pages - set(reported))
     ]
@@ -45,6 +46,7 @@ def hosts_for_projects(*, project_ids: list[int], since_s: float) -> list[Host]:
     """The hosts an agent reported from in the last `since_s` seconds, for the board."""
     since = timezone.now() - timedelta(seconds=since_s)
     rows = Host.objects.filter(project_id__in=project_ids, last_seen_at__gte=since)
+    rows = rows.exclude(name__contains="/")  # no page: its URL takes a name without "/"
     return list(rows.select_related("project").order_by("project__name", "name"))
 
 
@@ -106,7 +108,10 @@ def host_view(*, host: Host, t0: float, t1: float) -> dict[str, Any]:
             "row": e,
             "left": pos(e.start),
             "width": max(0.5, pos(e.end) - pos(e.start)),
-            "process": (e.attribution.get("driver") or e.attribution.get("top")),
+            # The process that moved its GPUs; for an unexplained one without it (power
+            # alone), the largest share not the run's.
+            "process": e.attribution.get("driver")
+            or (None if e.explained else e.attribution.get("top")),
         }
         for e in GpuEpisode.objects.filter(host=host, end__gte=t0, start__lte=t1).select_related(
             "run"
