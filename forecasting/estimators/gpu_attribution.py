@@ -195,11 +195,10 @@ def gpu_drivers(
     Each process is held against its own median over `before_s` before the episode (0 when it
     was absent from most of it: a stranger that started two seconds before the episode was
     found did not "hold" its level): a trainer at 55% did not move a GPU unless it rose. A
-    process of
-    no run (`owners` has no run for it) that added `foreign_min_sm_s` or more is the driver
-    whatever the run's own processes did at the same time; otherwise the process that added
-    most. GPUs without process samples (MIG, older drivers, power alone) are left out: the
-    run's events are all there is to judge them by.
+    process of no run (`owners` has no run for it) that added `foreign_min_sm_s` or more is the
+    driver whatever the run's own processes did at the same time; otherwise the process that
+    added most. GPUs without process samples (MIG, older drivers, power alone) are left out:
+    the run's events are all there is to judge them by.
     """
     wanted = set(gpus)
     readings = _readings_before(processes, wanted, start, before_s)
