@@ -282,6 +282,48 @@ def split_by_driver(
     return list(parts.values())
 
 
+@dataclass(frozen=True)
+class Stretch:
+    """A process of no run busy on one GPU: its SM share at or above the floor throughout."""
+
+    gpu: int
+    pid: int
+    start: float
+    end: float
+    sm_seconds: float
+
+
+def foreign_stretches(
+    processes: ProcessSeries,
+    owners: Mapping[int, tuple[str, str | None]],
+    *,
+    floor: float,
+    min_s: float,
+    gap_s: float,
+    min_sm_s: float,
+) -> list[Stretch]:
+    """Where a process of no run held `floor` % of a GPU's SM or more for `min_s` (readings
+    `gap_s` apart at most) adding `min_sm_s` or more: unexplained whether or not the GPU's own
+    utilisation departed from the run's (a stranger adding 8 points to a GPU at 60 % for five
+    minutes stays inside the utilisation band)."""
+    out = []
+    for (gpu, pid), (t, v) in processes.items():
+        if owners.get(pid, ("unknown", None))[0] != "unknown":
+            continue
+        busy = np.flatnonzero(v >= floor)
+        if busy.size == 0:
+            continue
+        breaks = np.flatnonzero(np.diff(t[busy]) > gap_s)
+        for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, busy.size - 1], strict=True):
+            idx = busy[a : b + 1]
+            period = float(np.median(np.diff(t[idx]))) if idx.size > 1 else 1.0
+            start, end = float(t[idx[0]]), float(t[idx[-1]]) + period
+            amount = float(np.clip(v[idx], 0.0, 100.0).sum()) * period
+            if idx.size >= 2 and end - start >= min_s and amount >= min_sm_s:
+                out.append(Stretch(gpu, pid, start, end, amount))
+    return out
+
+
 def moved_gpus(
     times: np.ndarray,
     matrix: np.ndarray,

@@ -515,6 +515,11 @@ GPU_HANG_BUSY_FLOOR = 20.0
 # not a stranger's.
 GPU_ATTRIBUTION_BEFORE_S = 60.0
 GPU_FOREIGN_MIN_SM_S = 40.0
+# Per-process data decides even where the GPU's utilisation stays in its band: a process of no
+# run at or above this SM share for an episode's length (GPU_MIN_DURATION_S, readings no more
+# than GPU_MERGE_GAP_S apart) adding GPU_FOREIGN_MIN_SM_S is an unexplained episode of its own.
+# 5 %: GPU_FOREIGN_MIN_SM_S spread over GPU_MIN_DURATION_S.
+GPU_FOREIGN_FLOOR = 5.0
 # A GPU takes part in an episode found on the GPUs' mean when its own median over the episode
 # moved from its median before it by this share of its level, or this many points (an idle GPU).
 GPU_MOVED_REL = 0.1

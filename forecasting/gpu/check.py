@@ -80,9 +80,15 @@ def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode
         owners={pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
     )
     _check_hang(host, host_run.run, grid, np.nanmean(matrix, axis=0), gpus)
+    # The readings reach back to the window's start: what starts there began before it, and a
+    # check whose window still held its start judged it (a stranger busy for hours would be
+    # stored again at every sweep, its start the window's).
+    cut = grid[0] <= now - th.GPU_CHECK_LOOKBACK_S + th.GPU_MERGE_GAP_S
     stored: list[GpuEpisode] = []
     for found_on in found:
         episode, parts = found_on.episode, found_on.parts
+        if cut and episode.start <= grid[0] + th.GPU_MERGE_GAP_S:
+            continue
         # Still growing at the window's end: judge it once it is over (or on a later check).
         growing = episode.end >= grid[-1] - 2 and episode.duration_s < 60
         if growing and not all(p.explained for p in parts):

@@ -84,3 +84,28 @@ def test_a_stranger_that_started_just_before_the_episode_is_held_against_its_abs
     }
     found = drivers(processes, [0])
     assert found[0].pid == STRANGER and found[0].foreign
+
+
+def test_a_stranger_inside_the_utilisation_band_is_still_an_unexplained_episode() -> None:
+    # +6 points on a GPU at 70% for 90 s: inside the band (10% of the level), so no episode on
+    # utilisation; the process data says a process of no run used the GPU all that time.
+    from forecasting.estimators import gpu_activity as ga
+    from forecasting.estimators.gpu_activity import host
+
+    grid = np.arange(1000.0, 1600.0)
+    on = (grid >= 1300) & (grid < 1390)
+    trainer = 70.0 + np.sin(grid / 7)
+    matrix = np.vstack([trainer, trainer + np.where(on, 6.0, 0.0)])
+    processes = {
+        (0, TRAINER): (grid, trainer),
+        (1, TRAINER): (grid, trainer),
+        (1, STRANGER): (grid[on], np.full(on.sum(), 6.0)),
+    }
+    events = ga.RunEvents(phases=[ga.Phase(900.0, 1700.0, "train")])
+    found = host.host_episodes(grid, matrix, [0, 1], events, processes={}, owners=OWNERS)
+    assert found == []  # power alone: nothing departs
+    found = host.host_episodes(grid, matrix, [0, 1], events, processes=processes, owners=OWNERS)
+    assert len(found) == 1
+    (part,) = found[0].parts
+    assert (part.gpus, part.explained, part.driver and part.driver.pid) == ([1], False, STRANGER)
+    assert (found[0].episode.start, found[0].episode.end) == (1300.0, 1390.0)

@@ -77,7 +77,84 @@ def host_episodes(
             if peers is not None and not _moved(grid, matrix[row : row + 1], [gpu], e):
                 continue
             found.append((e, [gpu]))
-    return [HostEpisode(e, _parts(e, on, processes, owners)) for e, on in found]
+    judged = [HostEpisode(e, _parts(e, on, processes, owners)) for e, on in found]
+    return judged + _stranger_episodes(grid, matrix, gpus, processes, owners, judged, settings)
+
+
+def _stranger_episodes(
+    grid: np.ndarray,
+    matrix: np.ndarray,
+    gpus: list[int],
+    processes: gattr.ProcessSeries,
+    owners: Mapping[int, tuple[str, str | None]],
+    judged: list[HostEpisode],
+    settings: Settings,
+) -> list[HostEpisode]:
+    """A process of no run busy on a GPU where no episode already names it there: unexplained,
+    whether or not the GPU's utilisation left its band (per-process data decides where it
+    exists). One episode per process, over the GPUs where its stretches overlap."""
+    stretches = gattr.foreign_stretches(
+        processes,
+        owners,
+        floor=th.GPU_FOREIGN_FLOOR,
+        min_s=settings.min_duration_s,
+        gap_s=settings.merge_gap_s,
+        min_sm_s=th.GPU_FOREIGN_MIN_SM_S,
+    )
+
+    def named(s: gattr.Stretch) -> bool:
+        return any(
+            s.gpu in p.gpus
+            and p.driver is not None
+            and p.driver.pid == s.pid
+            and h.episode.start < s.end
+            and s.start < h.episode.end
+            for h in judged
+            for p in h.parts
+        )
+
+    groups: list[list[gattr.Stretch]] = []
+    for s in sorted((s for s in stretches if not named(s)), key=lambda s: (s.pid, s.start)):
+        last = groups[-1] if groups else None
+        if last and last[0].pid == s.pid and s.start < max(x.end for x in last):
+            last.append(s)
+        else:
+            groups.append([s])
+    return [_stranger_episode(grid, matrix, gpus, group, settings) for group in groups]
+
+
+def _stranger_episode(
+    grid: np.ndarray,
+    matrix: np.ndarray,
+    gpus: list[int],
+    group: list[gattr.Stretch],
+    settings: Settings,
+) -> HostEpisode:
+    start, end = min(s.start for s in group), max(s.end for s in group)
+    on = sorted({s.gpu for s in group if s.gpu in gpus})
+    rows = matrix[[gpus.index(g) for g in on]] if on else matrix
+    inside = _mean(rows[:, (grid >= start) & (grid < end)])
+    before = _mean(rows[:, (grid >= start - th.GPU_ATTRIBUTION_BEFORE_S) & (grid < start)])
+    inside, before = inside[np.isfinite(inside)], before[np.isfinite(before)]
+    observed = float(np.median(inside)) if inside.size else float("nan")
+    expected = float(np.median(before)) if before.size else 0.0
+    first = group[0]
+    episode = Episode(
+        start=start,
+        end=end,
+        kind="plateau" if end - start > settings.plateau_s else "burst",
+        phase="",
+        explained=False,
+        reason="",
+        detected_at=start + settings.min_duration_s,
+        expected=expected,
+        observed=observed,
+        delta_rel=(observed - expected) / expected if expected else 0.0,
+        peak=float(inside.max()) if inside.size else float("nan"),
+        samples=int(inside.size),
+    )
+    driver = gattr.Driver(first.gpu, first.pid, "unknown", None, sum(s.sm_seconds for s in group))
+    return HostEpisode(episode, [gattr.EpisodePart(on, False, "", driver)])
 
 
 def _drivers(
