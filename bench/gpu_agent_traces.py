@@ -7,9 +7,10 @@ Each host: 2-8 GPUs, the run's trainer on all of them at 40-70% SM, its checkpoi
 GPU 0 (or every GPU) by 20-35 points for 15-60 s, logged when written with its duration; and,
 on most hosts, a process of no run adding 15-40 points on some GPUs for 10-120 s, during the
 checkpoint (the case of issue 28: the run's event explained the stranger's burst) or apart from
-it. Scored per (burst, GPU): found when an unexplained part on that GPU overlaps the burst,
-named when that part names the stranger's pid; and the checkpoint's GPUs the stranger left
-alone must stay explained.
+it, or a weak one adding 5.5-9 points apart from it (inside the utilisation band). Scored per
+(burst, GPU): found when an unexplained part on that GPU overlaps the burst, named when that
+part names the stranger's pid; and the checkpoint's GPUs the stranger left alone must stay
+explained.
 
 Used by bench/gpu_activity.py (its `gpu_agent_attribution` section).
 """
@@ -42,6 +43,7 @@ class Burst:
     start: float
     end: float
     during_event: bool
+    weak: bool = False  # 5.5-9 points: inside the utilisation band (10% of a 40-70% level)
 
 
 @dataclass
@@ -58,7 +60,7 @@ def _scenario(rng: np.random.Generator) -> Host:
     c0 = START + float(rng.uniform(120, 360))
     ckpt = (c0, c0 + float(rng.uniform(15, 60)))
     ckpt_gpus = [0] if rng.random() < 0.5 else list(range(gpus))
-    case = str(rng.choice(["during", "apart", "none"], p=[0.5, 0.3, 0.2]))
+    case = str(rng.choice(["during", "apart", "weak", "none"], p=[0.4, 0.25, 0.2, 0.15]))
     length = float(np.exp(rng.uniform(np.log(10), np.log(120))))
     if case == "during":
         b0: float | None = ckpt[0] + float(rng.uniform(-5, 5))
@@ -72,7 +74,7 @@ def _scenario(rng: np.random.Generator) -> Host:
     if case != "none" and b0 is not None:
         size = int(rng.integers(1, gpus + 1))
         on = sorted(rng.choice(gpus, size=size, replace=False).tolist())
-        burst = Burst(on, b0, b0 + length, case == "during")
+        burst = Burst(on, b0, b0 + length, case == "during", case == "weak")
     return Host(gpus, ckpt_gpus, ckpt, burst)
 
 
@@ -86,7 +88,7 @@ def _record(rng: np.random.Generator, host: Host, trainer: int, stranger: int, s
 
     level = float(rng.uniform(40, 70))
     lift = float(rng.uniform(20, 35))
-    extra = float(rng.uniform(15, 40))
+    extra = float(rng.uniform(5.5, 9) if host.burst and host.burst.weak else rng.uniform(15, 40))
     phase = rng.uniform(0, 2 * np.pi, host.gpus)
     burst = host.burst
 
@@ -153,14 +155,14 @@ def _judge(host: Host, trainer: int, with_processes: bool) -> list[ga_host.HostE
 
 def _score(hosts: list[Host], found: list[list[ga_host.HostEpisode]], stranger: int) -> dict:
     pairs = named = 0
-    hits = {"during": [0, 0], "apart": [0, 0]}
+    hits = {"during": [0, 0], "apart": [0, 0], "weak": [0, 0]}
     own = [0, 0]
     false_parts = 0
     for host, episodes in zip(hosts, found, strict=True):
         unexplained = [(e.episode, p) for e in episodes for p in e.parts if not p.explained]
         burst = host.burst
         if burst is not None:
-            key = "during" if burst.during_event else "apart"
+            key = "during" if burst.during_event else ("weak" if burst.weak else "apart")
             for gpu in burst.gpus:
                 over = [
                     p
@@ -183,11 +185,12 @@ def _score(hosts: list[Host], found: list[list[ga_host.HostEpisode]], stranger: 
                 set(p.gpus) & set(burst.gpus) and e.start < burst.end and e.end > burst.start
             ):
                 false_parts += 1
-    total = hits["during"][1] + hits["apart"][1]
+    total = sum(of for _, of in hits.values())
     return {
         "foreign_recall": round(pairs / total, 3) if total else None,
         "foreign_recall_during_event": _share(*hits["during"]),
         "foreign_recall_apart": _share(*hits["apart"]),
+        "foreign_recall_weak": _share(*hits["weak"]),
         "foreign_named": round(named / pairs, 3) if pairs else 0.0,
         "own_checkpoint_explained": _share(*own),
         "false_unexplained_parts": false_parts,
@@ -222,6 +225,7 @@ def agent_attribution(rng: np.random.Generator, hosts: int) -> dict:
         "bursts": len(bursts),
         "burst_gpus": sum(len(b.gpus) for b in bursts),
         "bursts_during_event": sum(b.during_event for b in bursts),
+        "bursts_weak": sum(b.weak for b in bursts),
         "process_data": process,
         "power_alone": power,
         "recall_ratio_process_to_power": (
