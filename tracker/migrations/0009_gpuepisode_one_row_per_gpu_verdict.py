@@ -4,18 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tracker', '0008_segment_declared_heartbeat'),
+        ("tracker", "0008_segment_declared_heartbeat"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='gpuepisode',
-            name='gpuepisode_unique',
+            model_name="gpuepisode",
+            name="gpuepisode_unique",
         ),
         migrations.AddConstraint(
-            model_name='gpuepisode',
-            constraint=models.UniqueConstraint(fields=('host', 'start', 'kind', 'gpus'), name='gpuepisode_unique_gpus'),
+            model_name="gpuepisode",
+            constraint=models.UniqueConstraint(
+                fields=("host", "start", "kind", "gpus"), name="gpuepisode_unique_gpus"
+            ),
         ),
     ]
