@@ -12,7 +12,9 @@ after run_stop; runs whose readings cover neither skip those trials), and thrott
 30-300 s, ending by run_stop) during training. An injection is found when an unexplained
 episode on that series overlaps it; every other unexplained episode on that series is a false
 alarm. Plus the
-attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution).
+attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution), and
+attribution on the fake-NVML host agent's own traces with process data and on power alone
+(bench/gpu_agent_traces.py: the `gpu_agent_attribution` section, `--agent-hosts N`, 0 to skip).
 Prints a table, then one JSON line.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.gpu_agent_traces import agent_attribution
 from forecasting.estimators import gpu_activity as ga
 from forecasting.estimators import gpu_attribution as gattr
 
@@ -394,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--misses", action="store_true", help="list every missed injection and what was seen"
     )
+    parser.add_argument(
+        "--agent-hosts", type=int, default=40, help="hosts for the agent-trace section (0: skip)"
+    )
     args = parser.parse_args(argv)
     index = pd.read_csv(args.dir / "INDEX.csv", keep_default_na=False)
     if args.limit:
@@ -405,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         run = load_run(args.dir / str(row.dir), str(row.run_id), str(row.benchmark))
         per_run.append(evaluate_run(run, rng, args.trials))
     summary = summarise(per_run, attribution_check(rng))
+    if args.agent_hosts:
+        # Its own generator: the section's hosts do not depend on --limit or --trials.
+        agent_rng = np.random.default_rng([args.seed, 28])
+        summary["gpu_agent_attribution"] = agent_attribution(agent_rng, args.agent_hosts)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     if not args.json:
         print_table(per_run, summary)

@@ -29,7 +29,7 @@ from forecasting.selectors import (
     outlook_for_run,
 )
 from tracker import rank_timings
-from tracker.models import Run
+from tracker.models import Host, Run
 from tracker.selectors import (
     Marker,
     loss_key_for,
@@ -54,6 +54,16 @@ def board_for_user(*, user: Any, now: datetime) -> Board:
     )
 
 
+# The board links the GPU hosts an agent reported from within this long.
+BOARD_HOSTS_SINCE_S = 86400.0
+
+
+def board_hosts(*, board: Board) -> list[Host]:
+    """The GPU hosts of the board's projects, each with its host page (one query)."""
+    project_ids = [m.project_id for m in board.memberships]
+    return gpu_selectors.hosts_for_projects(project_ids=project_ids, since_s=BOARD_HOSTS_SINCE_S)
+
+
 # --- the run page ----------------------------------------------------------------------------
 
 
@@ -72,6 +82,8 @@ class RunPage:
     episode_end: str | None = None
     # The run's config as (dotted key, value) rows (config_rows).
     config: list[tuple[str, str]] = field(default_factory=list)
+    # Its hosts as (name, has a host page) (forecasting.gpu.selectors.run_host_pages).
+    hosts: list[tuple[str, bool]] = field(default_factory=list)
 
     @property
     def config_shown(self) -> list[tuple[str, str]]:
@@ -113,6 +125,9 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         final_loss=final,
         episode_end=ending,
         config=config_rows(run.config),
+        hosts=gpu_selectors.run_host_pages(
+            run=run, agent_hosts=outlook.gpu_split["hosts"] if outlook.gpu_split else []
+        ),
     )
 
 

@@ -31,6 +31,8 @@ TICK_STEPS = (
     2592000,
 )
 MAX_TICKS = 7
+# The host page's windows run from 3 minutes to a day: whole minutes first.
+HOST_TICK_STEPS = (60, 120, *TICK_STEPS)
 # Share of the axis shown before "now", so the now-line and short bars stay visible.
 LEAD_IN = 0.04
 # A P90 this many times further than the cutoff is clipped: the lane stays readable and the
@@ -105,18 +107,28 @@ class _Axis:
         return max(0.0, min(100.0, 100 * (t - self.start) / (self.end - self.start)))
 
     def ticks(self) -> list[Tick]:
-        width = self.end - self.start
-        longest = TICK_STEPS[-1]
-        # Past the longest spacing (a cutoff years out), whole multiples of it: never more
-        # than MAX_TICKS labels, however far the axis reaches.
-        fallback = longest * math.ceil(width / longest / MAX_TICKS)
-        step = next((s for s in TICK_STEPS if width / s <= MAX_TICKS), fallback)
-        first = (int(self.start // step) + 1) * step
-        return [
-            Tick(self.pos(t), float(t), step >= 86400)
-            for t in range(first, int(self.end), step)
-            if self.pos(t) < 97  # keep the last label inside the lane
-        ]
+        return time_ticks(self.start, self.end)
+
+
+def time_ticks(start: float, end: float, steps: tuple[int, ...] = TICK_STEPS) -> list[Tick]:
+    """At most MAX_TICKS ticks on whole multiples of the first spacing in `steps` that fits,
+    placed in percent of [start, end]."""
+    width = end - start
+    longest = steps[-1]
+    # Past the longest spacing (a cutoff years out), whole multiples of it: never more
+    # than MAX_TICKS labels, however far the axis reaches.
+    fallback = longest * math.ceil(width / longest / MAX_TICKS)
+    step = next((s for s in steps if width / s <= MAX_TICKS), fallback)
+    first = (int(start // step) + 1) * step
+
+    def pos(t: float) -> float:
+        return max(0.0, min(100.0, 100 * (t - start) / width))
+
+    return [
+        Tick(pos(t), float(t), step >= 86400)
+        for t in range(first, int(end), step)
+        if pos(t) < 97  # keep the last label inside the lane
+    ]
 
 
 def _lane(now: float, deadline: Deadline | None, outlooks: list[RunView]) -> Lane:

@@ -57,6 +57,7 @@ def home(request: HttpRequest) -> HttpResponse:
         "view": board_view(board, now),
         "poll_s": BOARD_POLL_S,
         "can_create_projects": can_create_projects(request.user),
+        "hosts": pages.board_hosts(board=board),
     }
     return render(request, "dashboard/board.html", context)
 

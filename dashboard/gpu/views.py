@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from dashboard.presenters import HOST_TICK_STEPS, time_ticks
 from forecasting.gpu import selectors as gpu_selectors
 from tracker.access import membership_for
 from tracker.gpu.selectors import host_for_token
@@ -28,6 +29,7 @@ def host_page(request: HttpRequest, project: str, host: str) -> HttpResponse:
         "project": membership.project,
         "host": target,
         "hours": hours,
+        "ticks": time_ticks(view["t0"], view["t1"], HOST_TICK_STEPS),
         "daily": gpu_selectors.unexplained_gpu_seconds_by_day(project_id=membership.project.pk),
         **view,
     }

@@ -12,6 +12,7 @@ its environment names the run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,233 @@ def split_gpu_activity(
     if memory > 0:
         return {pid: gpu_util * max(0.0, v) / memory for pid, v in process_memory.items()}
     return {}
+
+
+# -- the agent's series: utilisation per second, SM share per process -----------------------
+
+_UTIL = re.compile(r"^gpu/(\d+)/util$")
+_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
+
+
+def per_second(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each GPU's utilisation in 1-s bins (NVML's sub-second samples averaged)."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _UTIL.match(key)
+        if match and t.size:
+            seconds = np.floor(t)
+            keys, inverse = np.unique(seconds, return_inverse=True)
+            sums = np.bincount(inverse, weights=v)
+            counts = np.bincount(inverse)
+            out[int(match.group(1))] = (keys, sums / counts)
+    return out
+
+
+def process_series(
+    series: Mapping[str, tuple[np.ndarray, np.ndarray]],
+) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(gpu, pid) -> the process's SM-percent samples on that GPU."""
+    out = {}
+    for key, (t, v) in series.items():
+        match = _PROC_SM.match(key)
+        if match and t.size:
+            out[(int(match.group(1)), int(match.group(2)))] = (t, v)
+    return out
+
+
+# -- which process moved each GPU during an episode -------------------------------------------
+
+# (gpu, pid) -> (epoch times, SM percent): the agent's gpu/<i>/proc/<pid>/sm samples.
+ProcessSeries = Mapping[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What moved one GPU during an episode, from its per-process SM samples."""
+
+    gpu: int
+    pid: int | None  # None: no process on it rose over its own level
+    owner: str  # "run" | "other_run" | "unknown"; "" when pid is None
+    run_id: str | None
+    sm_seconds: float  # SM-percent-seconds it added over its own level before the episode
+
+    @property
+    def foreign(self) -> bool:
+        return self.pid is not None and self.owner == "unknown"
+
+
+def gpu_drivers(
+    processes: ProcessSeries,
+    owners: Mapping[int, tuple[str, str | None]],
+    gpus: Iterable[int],
+    start: float,
+    end: float,
+    *,
+    before_s: float,
+    foreign_min_sm_s: float,
+) -> dict[int, Driver]:
+    """Per GPU with process samples over [start - before_s, end): the process that moved it.
+
+    Each process is held against its own median over `before_s` before the episode (0 when it
+    was absent from most of it: a stranger that started two seconds before the episode was
+    found did not "hold" its level): a trainer at 55% did not move a GPU unless it rose. A
+    process of no run (`owners` has no run for it) that added `foreign_min_sm_s` or more is the
+    driver whatever the run's own processes did at the same time; otherwise the process that
+    added most. GPUs without process samples (MIG, older drivers, power alone) are left out:
+    the run's events are all there is to judge them by.
+    """
+    wanted = set(gpus)
+    readings = _readings_before(processes, wanted, start, before_s)
+    added: dict[int, dict[int, float]] = {}
+    for (gpu, pid), (t, v) in processes.items():
+        if gpu not in wanted:
+            continue
+        near = (t >= start - before_s) & (t < end)
+        if not near.any():
+            continue
+        inside = near & (t >= start)
+        before = near & ~inside
+        present = before.sum() >= 0.5 * readings.get(gpu, 0)
+        base = float(np.median(v[before])) if before.any() and present else 0.0
+        period = float(np.median(np.diff(t[near]))) if near.sum() > 1 else 1.0
+        rise = np.clip(v[inside] - base, 0.0, 100.0).sum() * min(max(period, 0.1), 10.0)
+        added.setdefault(gpu, {})[pid] = float(rise)
+    out = {}
+    for gpu, by_pid in added.items():
+        whose = {pid: owners.get(pid, ("unknown", None)) for pid in by_pid}
+        foreign = [
+            (amount, pid)
+            for pid, amount in by_pid.items()
+            if whose[pid][0] == "unknown" and amount >= foreign_min_sm_s
+        ]
+        amount, pid = max(foreign) if foreign else max((a, p) for p, a in by_pid.items())
+        if amount <= 0:
+            out[gpu] = Driver(gpu, None, "", None, 0.0)
+        else:
+            out[gpu] = Driver(gpu, pid, whose[pid][0], whose[pid][1], amount)
+    return out
+
+
+def _readings_before(
+    processes: ProcessSeries, gpus: set[int], start: float, before_s: float
+) -> dict[int, int]:
+    """Per GPU, the most readings any process on it has over `before_s` before `start`: how
+    many a process there all along has (the agent reads every process at each sample)."""
+    out: dict[int, int] = {}
+    for (gpu, _pid), (t, _v) in processes.items():
+        if gpu in gpus:
+            n = int(((t >= start - before_s) & (t < start)).sum())
+            out[gpu] = max(out.get(gpu, 0), n)
+    return out
+
+
+@dataclass
+class EpisodePart:
+    """The GPUs of an episode that share one verdict and the process it names."""
+
+    gpus: list[int]
+    explained: bool
+    reason: str
+    driver: Driver | None  # None: no process data on these GPUs (the run's events decide)
+
+
+def split_by_driver(
+    gpus: Sequence[int], explained: bool, reason: str, drivers: Mapping[int, Driver]
+) -> list[EpisodePart]:
+    """One verdict per GPU, GPUs with the same verdict and process grouped.
+
+    Where process data exists it decides: a process of no run makes its GPUs unexplained
+    whatever the run logged then (its checkpoint explains the run's activity, not a
+    stranger's); another run's process is that run's work; the run's own process, or none that
+    rose, keeps the run's verdict from its events. Without process data the events decide.
+    """
+    parts: dict[tuple[bool, str, int | None, str], EpisodePart] = {}
+    for gpu in gpus:
+        driver = drivers.get(gpu)
+        verdict = (explained, reason)
+        if driver is not None and driver.foreign:
+            verdict = (False, "")
+        elif driver is not None and driver.owner == "other_run":
+            verdict = (True, f"run {driver.run_id}")
+        named = driver if driver is not None and driver.pid is not None else None
+        key = (*verdict, named.pid if named else None, named.owner if named else "")
+        part = parts.get(key)
+        if part is None:
+            part = parts[key] = EpisodePart([], verdict[0], verdict[1], named)
+        part.gpus.append(gpu)
+    return list(parts.values())
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """A process of no run busy on one GPU: its SM share at or above the floor throughout."""
+
+    gpu: int
+    pid: int
+    start: float
+    end: float
+    sm_seconds: float
+
+
+def foreign_stretches(
+    processes: ProcessSeries,
+    owners: Mapping[int, tuple[str, str | None]],
+    *,
+    floor: float,
+    min_s: float,
+    gap_s: float,
+    min_sm_s: float,
+) -> list[Stretch]:
+    """Where a process of no run held `floor` % of a GPU's SM or more for `min_s` (readings
+    `gap_s` apart at most) adding `min_sm_s` or more: unexplained whether or not the GPU's own
+    utilisation departed from the run's (a stranger adding 8 points to a GPU at 60 % for five
+    minutes stays inside the utilisation band)."""
+    out = []
+    for (gpu, pid), (t, v) in processes.items():
+        if owners.get(pid, ("unknown", None))[0] != "unknown":
+            continue
+        busy = np.flatnonzero(v >= floor)
+        if busy.size == 0:
+            continue
+        breaks = np.flatnonzero(np.diff(t[busy]) > gap_s)
+        for a, b in zip(np.r_[0, breaks + 1], np.r_[breaks, busy.size - 1], strict=True):
+            idx = busy[a : b + 1]
+            period = float(np.median(np.diff(t[idx]))) if idx.size > 1 else 1.0
+            start, end = float(t[idx[0]]), float(t[idx[-1]]) + period
+            amount = float(np.clip(v[idx], 0.0, 100.0).sum()) * period
+            if idx.size >= 2 and end - start >= min_s and amount >= min_sm_s:
+                out.append(Stretch(gpu, pid, start, end, amount))
+    return out
+
+
+def moved_gpus(
+    times: np.ndarray,
+    matrix: np.ndarray,
+    gpus: Sequence[int],
+    start: float,
+    end: float,
+    *,
+    before_s: float,
+    rel: float,
+    points: float,
+) -> list[int]:
+    """The GPUs (rows of `matrix`, read at `times`) whose median over [start, end) moved from
+    their median over `before_s` before it by `rel` of that level or `points`, whichever is
+    more: the GPUs an episode found on their mean is about."""
+    inside = (times >= start) & (times < end)
+    before = (times >= start - before_s) & (times < start)
+    out = []
+    for row, gpu in enumerate(gpus):
+        now_v, then_v = matrix[row, inside], matrix[row, before]
+        now_v, then_v = now_v[np.isfinite(now_v)], then_v[np.isfinite(then_v)]
+        if not now_v.size:
+            continue
+        level = float(np.median(then_v)) if then_v.size else 0.0
+        if abs(float(np.median(now_v)) - level) >= max(rel * abs(level), points):
+            out.append(gpu)
+    return out
 
 
 # -- synthetic traces for the bench and tests ------------------------------------------------

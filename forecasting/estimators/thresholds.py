@@ -507,6 +507,23 @@ GPU_CHECK_REL = 0.1
 # Below this mean utilisation the GPUs are not "busy": a silent run on idle GPUs is the liveness
 # sweep's stall, not a hang.
 GPU_HANG_BUSY_FLOOR = 20.0
+# Per-process attribution of an episode (gpu_attribution.gpu_drivers): each process's SM share is
+# held against its own level over this long before the episode (a trainer at 55% is not "what
+# moved" unless it rose), and a process of no run that added at least this many SM-percent-
+# seconds on a GPU during it (5% of the SM for the 8 s an episode needs) makes that GPU's part
+# unexplained, whatever the run logged then: a run's checkpoint explains the run's activity,
+# not a stranger's.
+GPU_ATTRIBUTION_BEFORE_S = 60.0
+GPU_FOREIGN_MIN_SM_S = 40.0
+# Per-process data decides even where the GPU's utilisation stays in its band: a process of no
+# run at or above this SM share for an episode's length (GPU_MIN_DURATION_S, readings no more
+# than GPU_MERGE_GAP_S apart) adding GPU_FOREIGN_MIN_SM_S is an unexplained episode of its own.
+# 5 %: GPU_FOREIGN_MIN_SM_S spread over GPU_MIN_DURATION_S.
+GPU_FOREIGN_FLOOR = 5.0
+# A GPU takes part in an episode found on the GPUs' mean when its own median over the episode
+# moved from its median before it by this share of its level, or this many points (an idle GPU).
+GPU_MOVED_REL = 0.1
+GPU_MOVED_POINTS = 5.0
 
 # -- stragglers on the server (forecasting.stragglers) ------------------------------------------
 # Steps of every rank the detector reads (bounded in cells and rows by tracker.rank_timings).

@@ -1,13 +1,14 @@
 """GPU activity against the run's own events: episodes, attribution, `gpu_unexplained` flags.
 
 `gpu_check_host` reads a host's recent agent series, finds the run(s) whose processes are on its
-GPUs (tracker.RunProcess identities matched to the agent's HostProcess rows), runs
-forecasting.estimators.gpu_activity on each run GPU (its other GPUs as peers) and on their mean
-(foreign work on every GPU at once has no peer to stand out against), splits each episode's SM
-time by owner (forecasting.estimators.gpu_attribution) and stores it. Each new unexplained
-episode raises one `gpu_unexplained` flag on the run, through the one flag writer
-(forecasting.flags). Idempotent: an episode is unique on (host, start, kind), and only a newly
-stored one raises.
+GPUs (tracker.RunProcess identities matched to the agent's HostProcess rows) and holds the GPUs
+against the events of the one that used them most: forecasting.estimators.gpu_activity.host
+finds the episodes on their mean and on each GPU (its other GPUs as peers) and splits each by
+the process that moved its GPUs (a process of no run makes its GPUs' part unexplained whatever
+the run logged). Each part is stored with its SM time by owner, the process and the event that
+explain it. Each new unexplained part raises one `gpu_unexplained` flag on the run, through the
+one flag writer (forecasting.flags). Idempotent: an episode is unique on (host, start, kind,
+gpus), and only a newly stored one raises.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from forecasting.conditions import Condition
+from forecasting.estimators import gpu_attribution as gattr
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.formatting import span, stamp
 from forecasting.flags import flag_event
-from forecasting.gpu.hosts import HostRun, owners_of, per_second, runs_on
+from forecasting.gpu.hosts import (
+    HostRun,
+    busiest_first,
+    owners_of,
+    runs_on,
+)
 from forecasting.models import Flag
 from tracker.gpu import selectors as store
-from tracker.gpu.selectors import Series
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run
 from tracker.selectors import loss_key_for, series_keys, series_load
 
@@ -37,13 +43,6 @@ if TYPE_CHECKING:
     # test_web_imports.py); only the check, in the Celery worker, imports it.
     from forecasting.estimators import gpu_activity as ga
 
-# The estimator's settings on the server (forecasting.estimators.gpu_activity.Settings).
-SETTINGS_OVERRIDES: dict[str, float] = {
-    "tolerance_s": th.GPU_CHECK_TOLERANCE_S,
-    "event_window_s": th.GPU_EVENT_WINDOW_S,
-    "rel": th.GPU_CHECK_REL,
-}
-
 
 def _ga() -> Any:
     from forecasting.estimators import gpu_activity
@@ -51,63 +50,55 @@ def _ga() -> Any:
     return gpu_activity
 
 
-_PROC_SM = re.compile(r"^gpu/(\d+)/proc/(\d+)/sm$")
-
-
 def gpu_check_host(*, host_id: int, now: float | None = None) -> list[GpuEpisode]:
     """Find and store this host's new episodes; raise a flag for each unexplained one."""
     host = Host.objects.select_related("project").get(pk=host_id)
     now = timezone.now().timestamp() if now is None else now
     series = store.host_series(host=host, t0=now - th.GPU_CHECK_LOOKBACK_S, t1=now, prefix="gpu/")
-    util = per_second(series)
+    util = gattr.per_second(series)
     if not util:
         return []
-    runs = runs_on(host)
+    processes = gattr.process_series(series)
+    sm_by_pid: dict[int, float] = defaultdict(float)
+    for (_gpu, pid), (_t, v) in processes.items():
+        sm_by_pid[pid] += float(np.clip(v, 0, 100).sum())
+    runs = busiest_first(runs_on(host), host, sm_by_pid)
     if not runs:
         return []
     host_run = runs[0]
     owners = owners_of(host, runs)
     gpus = sorted(util)
-    grid, matrix = _grid(util, gpus)
-    events = _run_events(host_run.run, grid[0], grid[-1])
-    est = _ga()
-    settings = est.Settings(**SETTINGS_OVERRIDES)
-    found: list[ga.Episode] = []
-    episodes_gpus: list[list[int]] = []
-    mean = np.nanmean(matrix, axis=0)
-    for e in est.find_episodes(grid, mean, events, settings=settings):
-        found.append(e)
-        episodes_gpus.append(_gpus_in(matrix, gpus, e))
-    for row, gpu in enumerate(gpus):
-        others = np.delete(matrix, row, axis=0)
-        peers = np.nanmedian(others, axis=0) if others.shape[0] >= 2 else None
-        for e in est.find_episodes(grid, matrix[row], events, peers=peers, settings=settings):
-            if not any(_overlap(e, f) for f in found):
-                found.append(e)
-                episodes_gpus.append([gpu])
-    _check_hang(host, host_run.run, grid, mean, gpus)
+    from forecasting.estimators.gpu_activity import host as ga_host
+
+    grid, matrix = ga_host.grid_of(util, gpus)
+    found = ga_host.host_episodes(
+        grid,
+        matrix,
+        gpus,
+        _run_events(host_run.run, grid[0], grid[-1]),
+        processes=processes,
+        owners={pid: (owner, rid) for pid, (owner, rid, _) in owners.items()},
+    )
+    _check_hang(host, host_run.run, grid, np.nanmean(matrix, axis=0), gpus)
+    # The readings reach back to the window's start: what starts there began before it, and a
+    # check whose window still held its start judged it (a stranger busy for hours would be
+    # stored again at every sweep, its start the window's).
+    cut = grid[0] <= now - th.GPU_CHECK_LOOKBACK_S + th.GPU_MERGE_GAP_S
     stored: list[GpuEpisode] = []
-    for episode, on in zip(found, episodes_gpus, strict=True):
-        # Still growing at the window's end: judge it once it is over (or on a later check).
-        if episode.end >= grid[-1] - 2 and not episode.explained and episode.duration_s < 60:
+    for found_on in found:
+        episode, parts = found_on.episode, found_on.parts
+        if cut and episode.start <= grid[0] + th.GPU_MERGE_GAP_S:
             continue
-        saved = _store(host, host_run, episode, on, series, owners)
-        if saved is not None:
-            stored.append(saved)
+        # Still growing at the window's end: judge it once it is over (or on a later check).
+        growing = episode.end >= grid[-1] - 2 and episode.duration_s < 60
+        if growing and not all(p.explained for p in parts):
+            continue
+        for part in parts:
+            observed = _observed(grid, matrix, gpus, part.gpus, episode)
+            saved = _store(host, host_run, episode, part, processes, owners, observed)
+            if saved is not None:
+                stored.append(saved)
     return stored
-
-
-def _grid(
-    util: dict[int, tuple[np.ndarray, np.ndarray]], gpus: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    t0 = min(t[0] for t, _ in util.values())
-    t1 = max(t[-1] for t, _ in util.values())
-    grid = np.arange(t0, t1 + 1.0)
-    matrix = np.full((len(gpus), grid.size), np.nan)
-    for row, gpu in enumerate(gpus):
-        t, v = util[gpu]
-        matrix[row, (t - t0).astype(int)] = v
-    return grid, matrix
 
 
 def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
@@ -118,19 +109,16 @@ def _run_events(run: Run, t0: float, t1: float) -> ga.RunEvents:
     lo = datetime.fromtimestamp(t0 - th.GPU_EVENT_WINDOW_S, tz=UTC)
     hi = datetime.fromtimestamp(t1 + th.GPU_EVENT_WINDOW_S, tz=UTC)
     for event in Event.objects.filter(run=run, time__gte=lo, time__lte=hi):
-        duration = event.payload.get("duration_s") if isinstance(event.payload, dict) else None
-        before = float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
-        marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=before))
+        marks.append(est.Mark(event.time.timestamp(), event.kind, before_s=_before_s(event)))
     result: ga.RunEvents = est.RunEvents(phases=[est.Phase(start, end, "train")], marks=marks)
     return result
 
 
-def _gpus_in(matrix: np.ndarray, gpus: list[int], e: ga.Episode) -> list[int]:
-    return list(gpus)
-
-
-def _overlap(a: ga.Episode, b: ga.Episode) -> bool:
-    return a.start < b.end and b.start < a.end
+def _before_s(event: Event) -> float:
+    """How long before its time an event covers: its `duration_s` (a checkpoint logged once
+    written), else 0."""
+    duration = event.payload.get("duration_s") if isinstance(event.payload, dict) else None
+    return float(duration) if isinstance(duration, int | float) and duration > 0 else 0.0
 
 
 # -- hang -----------------------------------------------------------------------------------
@@ -181,7 +169,7 @@ def _check_hang(
 
 
 def _attribution(
-    series: Series,
+    processes: gattr.ProcessSeries,
     owners: dict[int, tuple[str, str | None, HostProcess]],
     on: list[int],
     start: float,
@@ -189,11 +177,9 @@ def _attribution(
 ) -> dict[str, Any]:
     by_pid: dict[int, float] = defaultdict(float)
     totals = {"run": 0.0, "other_runs": 0.0, "unknown": 0.0}
-    for key, (t, v) in series.items():
-        match = _PROC_SM.match(key)
-        if not match or int(match.group(1)) not in on:
+    for (gpu, pid), (t, v) in processes.items():
+        if gpu not in on:
             continue
-        pid = int(match.group(2))
         inside = (t >= start) & (t < end)
         amount = float(np.clip(v[inside], 0, 100).sum())
         owner = owners.get(pid, ("unknown", None, None))[0]
@@ -204,16 +190,7 @@ def _attribution(
     unknown = [(a, p) for p, a in by_pid.items() if owners.get(p, ("unknown",))[0] != "run"]
     if unknown:
         amount, pid = max(unknown)
-        owner, rid, proc = owners.get(pid, ("unknown", None, None))
-        top = {
-            "pid": pid,
-            "share": amount / total if total else 0.0,
-            "owner": owner,
-            "run": rid,
-            "cmdline": proc.cmdline if proc else "",
-            "user": proc.user if proc else "",
-            "container": proc.container if proc else "",
-        }
+        top = {**_process(pid, owners), "share": amount / total if total else 0.0}
     return {
         "sm_seconds": totals,
         "fractions": {k: (v / total if total else 0.0) for k, v in totals.items()},
@@ -221,32 +198,109 @@ def _attribution(
     }
 
 
+def _process(pid: int, owners: dict[int, tuple[str, str | None, HostProcess]]) -> dict[str, Any]:
+    owner, rid, proc = owners.get(pid, ("unknown", None, None))
+    return {
+        "pid": pid,
+        "owner": owner,
+        "run": rid,
+        "cmdline": proc.cmdline if proc else "",
+        "user": proc.user if proc else "",
+        "container": proc.container if proc else "",
+    }
+
+
+def _event_near(run: Run, reason: str, start: float, end: float) -> dict[str, Any] | None:
+    """The run's logged event the estimator's reason names (its kinds), nearest the episode."""
+    kinds = [k.strip() for k in reason.split(",") if k.strip()]
+    if not kinds:
+        return None
+    window = th.GPU_EVENT_WINDOW_S
+    lo = datetime.fromtimestamp(start - window, tz=UTC)
+    # A checkpoint is logged once written, its duration before it: as late as the check reads.
+    hi = datetime.fromtimestamp(end + window + th.GPU_CHECK_LOOKBACK_S, tz=UTC)
+    rows = Event.objects.filter(run=run, kind__in=kinds, time__gte=lo, time__lte=hi)
+
+    # Those whose window (as the estimator's marks: the duration before, the event window
+    # either side) reaches the episode; of those the nearest.
+    reaching = [
+        ev
+        for ev in rows
+        if ev.time.timestamp() - _before_s(ev) - window <= end
+        and ev.time.timestamp() + window >= start
+    ]
+    best = min(reaching, key=lambda ev: abs(ev.time.timestamp() - start), default=None)
+    if best is None:
+        return None
+    return {"kind": best.kind, "time": best.time.timestamp(), "step": best.step}
+
+
+def _reason(host: Host, part: gattr.EpisodePart, event: dict[str, Any] | None) -> str:
+    """'checkpoint at ⟦stamp⟧ (step 1200), pid 4121 `python train.py`': the event and the
+    process that explain it (200 characters at most: the row's field)."""
+    text = part.reason
+    if event is not None and part.explained and part.reason == event["kind"]:
+        text = f"{event['kind']} at {stamp(event['time'])}"
+        text += f" (step {event['step']})" if event["step"] is not None else ""
+    driver = part.driver
+    if part.explained and driver is not None and driver.pid is not None:
+        proc = HostProcess.objects.filter(host=host, pid=driver.pid).order_by("-first_seen")
+        first = proc.first()
+        command = short_command(first.cmdline, 60) if first else ""
+        text += f", pid {driver.pid}" + (f" `{command}`" if command else "")
+    return text[:200]
+
+
+def _observed(
+    grid: np.ndarray, matrix: np.ndarray, gpus: list[int], on: list[int], e: ga.Episode
+) -> float:
+    """The median utilisation of these GPUs over the episode (the episode's own figure is of
+    the series it was found on: the GPUs' mean, for an episode split by process)."""
+    inside = (grid >= e.start) & (grid < e.end)
+    rows = matrix[[gpus.index(g) for g in on]][:, inside]
+    finite = np.isfinite(rows)
+    counts = finite.sum(axis=0)
+    values = np.where(finite, rows, 0.0).sum(axis=0)[counts > 0] / counts[counts > 0]
+    return float(np.median(values)) if values.size else e.observed
+
+
 def _store(
     host: Host,
     host_run: HostRun,
     e: ga.Episode,
-    on: list[int],
-    series: Series,
+    part: gattr.EpisodePart,
+    processes: gattr.ProcessSeries,
     owners: dict[int, tuple[str, str | None, HostProcess]],
+    observed: float,
 ) -> GpuEpisode | None:
-    attribution = _attribution(series, owners, on, e.start, e.end)
+    attribution = _attribution(processes, owners, part.gpus, e.start, e.end)
+    driver = part.driver
+    attribution["driver"] = (
+        {**_process(driver.pid, owners), "sm_seconds": driver.sm_seconds}
+        if driver is not None and driver.pid is not None
+        else None
+    )
+    # The run's event near it: what explains it, or (for another process's work over it) what
+    # did not.
+    event = _event_near(host_run.run, e.reason, e.start, e.end) if e.explained else None
+    attribution["event"] = event
     try:
         with transaction.atomic():
             row = GpuEpisode.objects.create(
                 host=host,
                 run=host_run.run,
-                gpus=on,
+                gpus=part.gpus,
                 start=e.start,
                 end=e.end,
                 kind=e.kind,
-                explained=e.explained,
-                reason=e.reason,
+                explained=part.explained,
+                reason=_reason(host, part, event),
                 expected=e.expected,
-                observed=e.observed,
+                observed=observed,
                 attribution=attribution,
                 text="",
             )
-            if not e.explained:
+            if not part.explained:
                 row.text = message(host, row)
                 row.save(update_fields=["text"])
                 _flag(host_run.run, row)
@@ -263,8 +317,14 @@ def message(host: Host, row: GpuEpisode) -> str:
         f"{gpus} on {host.name} {direction} {row.observed:.0f}% for {span(row.end - row.start)}"
         # A stamp, not the project's clock without its zone: each reader writes it in its own.
         f" at {stamp(row.start)} ({delta:+.0f} points over the run's training"
-        f" level); no logged event within ±{th.GPU_EVENT_WINDOW_S:.0f} s"
+        f" level); "
     )
+    event = row.attribution.get("event")
+    if event:
+        # The run's own event at that time explains the run's work, not another process's.
+        text += f"not the run's own work (its {event['kind']} then explains only its processes)"
+    else:
+        text += f"no logged event within ±{th.GPU_EVENT_WINDOW_S:.0f} s"
     top = row.attribution.get("top")
     if top:
         who = "not part of any run" if top["owner"] == "unknown" else f"run {top['run']}"

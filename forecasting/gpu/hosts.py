@@ -1,18 +1,12 @@
-"""Which runs and processes are on a host, and its GPUs' utilisation per second: the inputs
-the GPU check and the host page share."""
+"""Which runs and processes are on a host: the inputs the GPU check and the host page share
+(its GPUs' utilisation per second and processes' series: estimators.gpu_attribution)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from forecasting.estimators import gpu_attribution as gattr
-from tracker.gpu.selectors import Series
 from tracker.models import Host, HostProcess, Run, RunProcess
-
-_UTIL = re.compile(r"^gpu/(\d+)/util$")
 
 
 @dataclass
@@ -21,18 +15,25 @@ class HostRun:
     keys: set[tuple[str, int, int]]
 
 
-def per_second(series: Series) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each GPU's utilisation in 1-s bins (NVML's sub-second samples averaged)."""
-    out = {}
-    for key, (t, v) in series.items():
-        match = _UTIL.match(key)
-        if match and t.size:
-            seconds = np.floor(t)
-            keys, inverse = np.unique(seconds, return_inverse=True)
-            sums = np.bincount(inverse, weights=v)
-            counts = np.bincount(inverse)
-            out[int(match.group(1))] = (keys, sums / counts)
-    return out
+def busiest_first(runs: list[HostRun], host: Host, sm_by_pid: dict[int, float]) -> list[HostRun]:
+    """The runs on the host, the one whose processes used most of its GPUs first (the run the
+    check holds the activity against; the newest run on the kernel need not be on the GPUs:
+    every run started on a machine shares its boot id)."""
+    if len(runs) < 2:
+        return runs
+    used: dict[str, float] = {}
+    for owner, rid, proc in owners_of(host, runs).values():
+        if owner in ("run", "other_run") and rid is not None:
+            used[rid] = used.get(rid, 0.0) + sm_by_pid.get(proc.pid, 0.0)
+    return sorted(runs, key=lambda r: -used.get(r.run.public_id, 0.0))
+
+
+def runs_seen(
+    runs: list[HostRun], owners: dict[int, tuple[str, str | None, HostProcess]], pids: set[int]
+) -> list[Run]:
+    """The runs with a process among `pids` (those sampled on the host's GPUs in a window)."""
+    seen = {rid for pid, (owner, rid, _) in owners.items() if owner != "unknown" and pid in pids}
+    return [r.run for r in runs if r.run.public_id in seen]
 
 
 def runs_on(host: Host) -> list[HostRun]:

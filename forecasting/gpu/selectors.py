@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from django.utils import timezone
 
-from forecasting.gpu.hosts import owners_of, per_second, runs_on
+from forecasting.estimators.gpu_attribution import per_second, process_series
+from forecasting.gpu.hosts import owners_of, runs_on, runs_seen
 from tracker.gpu import selectors as store
 from tracker.models import Event, GpuEpisode, Host, HostProcess, Run, RunProcess
 
@@ -26,6 +27,29 @@ def unexplained_gpu_seconds_by_day(*, project_id: int, days: int = 14) -> list[t
     return sorted(totals.items())
 
 
+def run_host_pages(*, run: Run, agent_hosts: list[str]) -> list[tuple[str, bool]]:
+    """The run's hosts, each with whether it has a host page: the names its client reported
+    (linked where an agent reports under the same name) and `agent_hosts`, the agents' hosts
+    its processes were matched on by the kernel's boot id (run_gpu_hours' `hosts`: `runcast
+    agent --host` may name a machine otherwise). One query, none without reported names."""
+    reported = list(run.hosts or [])
+    named = Host.objects.filter(project=run.project_id, name__in=reported)
+    pages = set(named.values_list("name", flat=True)) if reported else set()
+    # The page's URL takes a name without "/" (a host registered so never sends a batch).
+    pages = {name for name in pages | set(agent_hosts) if "/" not in name}
+    return [(name, name in pages) for name in reported] + [
+        (name, True) for name in sorted(pages - set(reported))
+    ]
+
+
+def hosts_for_projects(*, project_ids: list[int], since_s: float) -> list[Host]:
+    """The hosts an agent reported from in the last `since_s` seconds, for the board."""
+    since = timezone.now() - timedelta(seconds=since_s)
+    rows = Host.objects.filter(project_id__in=project_ids, last_seen_at__gte=since)
+    rows = rows.exclude(name__contains="/")  # no page: its URL takes a name without "/"
+    return list(rows.select_related("project").order_by("project__name", "name"))
+
+
 def recently_seen_host_ids(minutes: int = 10) -> list[int]:
     since = timezone.now() - timedelta(minutes=minutes)
     return list(Host.objects.filter(last_seen_at__gte=since).values_list("pk", flat=True))
@@ -38,14 +62,18 @@ COARSE_AFTER_S = 3 * 3600.0
 
 
 def host_view(*, host: Host, t0: float, t1: float) -> dict[str, Any]:
-    """GPU x time heat map cells, the run events on the same axis, processes, episodes."""
+    """GPU x time heat map cells, the events of the runs seen on the host in the window (those
+    with a process sampled on its GPUs), the processes seen, the episodes."""
     if t1 - t0 > COARSE_AFTER_S:
         # Long windows from the batches' per-GPU summaries, not from every point.
         util = {
             g: (t, m) for g, (t, m, _) in store.host_util_summary(host=host, t0=t0, t1=t1).items()
         }
+        pids = set(store.host_sm_by_pid(host=host, t0=t0, t1=t1))
     else:
-        util = per_second(store.host_series(host=host, t0=t0, t1=t1, prefix="gpu/"))
+        series = store.host_series(host=host, t0=t0, t1=t1, prefix="gpu/")
+        util = per_second(series)
+        pids = {pid for _gpu, pid in process_series(series)}
     width = (t1 - t0) / HEAT_COLUMNS
     rows = []
     for gpu in sorted(util):
@@ -58,39 +86,53 @@ def host_view(*, host: Host, t0: float, t1: float) -> dict[str, Any]:
             for s, c in zip(sums, counts, strict=True)
         ]
         rows.append({"gpu": gpu, "cells": cells})
+    # Every run started on this machine shares its kernel's boot id: only those with a process
+    # on its GPUs in the window were seen on it.
     runs = runs_on(host)
+    owners = owners_of(host, runs) if runs else {}
+    seen = runs_seen(runs, owners, pids)
 
     def pos(x: float) -> float:
         return round(100.0 * min(max((x - t0) / (t1 - t0), 0.0), 1.0), 2)
 
-    events = []
-    for r in runs:
-        lo = datetime.fromtimestamp(t0, tz=UTC)
-        hi = datetime.fromtimestamp(t1, tz=UTC)
-        for ev in Event.objects.filter(run=r.run, time__gte=lo, time__lte=hi):
-            events.append({"kind": ev.kind, "left": pos(ev.time.timestamp()), "run": str(r.run)})
+    lo = datetime.fromtimestamp(t0, tz=UTC)
+    hi = datetime.fromtimestamp(t1, tz=UTC)
+    events = [
+        {"kind": ev.kind, "left": pos(ev.time.timestamp()), "run": str(ev.run)}
+        for ev in Event.objects.filter(run__in=seen, time__gte=lo, time__lte=hi).select_related(
+            "run"
+        )
+    ]
     episodes = [
         {
             "row": e,
             "left": pos(e.start),
             "width": max(0.5, pos(e.end) - pos(e.start)),
+            # The process that moved its GPUs; for an unexplained one without it (power
+            # alone), the largest share not the run's.
+            "process": e.attribution.get("driver")
+            or (None if e.explained else e.attribution.get("top")),
         }
-        for e in GpuEpisode.objects.filter(host=host, end__gte=t0, start__lte=t1)
+        for e in GpuEpisode.objects.filter(host=host, end__gte=t0, start__lte=t1).select_related(
+            "run"
+        )
     ]
-    owners = owners_of(host, runs) if runs else {}
     processes = [
-        {"proc": proc, "owner": owner, "run": rid}
-        for owner, rid, proc in sorted(owners.values(), key=lambda o: o[2].first_seen)
-    ] or [
-        {"proc": p, "owner": "unknown", "run": None}
-        for p in HostProcess.objects.filter(host=host).order_by("first_seen")
+        {
+            "proc": p,
+            "owner": owners[p.pid][0] if p.pid in owners else "unknown",
+            "run": owners[p.pid][1] if p.pid in owners else None,
+        }
+        for p in HostProcess.objects.filter(host=host, pid__in=pids, first_seen__lte=t1).order_by(
+            "first_seen"
+        )
     ]
     return {
         "rows": rows,
         "events": events,
         "episodes": episodes,
         "processes": processes,
-        "runs": [r.run for r in runs],
+        "runs": seen,
         "t0": t0,
         "t1": t1,
     }

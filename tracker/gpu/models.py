@@ -126,8 +126,12 @@ class GpuEpisode(models.Model):
     created_at = models.DateTimeField(default=now)
 
     class Meta:
+        # One episode is one row per verdict: a run's checkpoint on GPU 0 and a stranger's
+        # burst on GPU 1 at the same time are two rows with the same start.
         constraints = [
-            models.UniqueConstraint(fields=["host", "start", "kind"], name="gpuepisode_unique")
+            models.UniqueConstraint(
+                fields=["host", "start", "kind", "gpus"], name="gpuepisode_unique_gpus"
+            )
         ]
         ordering = ["start"]
 
