@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -22,15 +23,12 @@ from typing import Any
 
 from django.db.models import (
     Case,
-    Exists,
-    Expression,
     F,
+    FilteredRelation,
     FloatField,
     OrderBy,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
     TextField,
     Value,
     When,
@@ -39,8 +37,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from tracker.limits import echo
-from tracker.models import LatestMetric
-from tracker.query.parse import Comparison, OrderKey, QueryError
+from tracker.query.parse import Comparison, OrderKey, QueryError, at
 
 
 class Kind(enum.Enum):
@@ -62,6 +59,9 @@ class Schema:
     attributes: Mapping[str, Attribute]
     aliases: Mapping[str, str] = field(default_factory=dict)
     tags: str | None = None  # path of a JSON object of tag -> value
+    # Tags as a JSON list of labels instead (Runcast's own runs): "team:nlp" or "team=nlp" is the
+    # tag `team` with the value `nlp`, a bare "baseline" the tag `baseline` with the value ''.
+    tag_labels: bool = False
     params: str | None = None  # path of a JSON object of param -> value
     metrics: str | None = None  # path of the Run whose LatestMetric rows are the metrics
     tie: str = "pk"  # the last sort key, unique, so that pages never overlap
@@ -85,20 +85,50 @@ class _Aliases:
         return f"_rq{next(self._n)}"
 
 
+@dataclass(frozen=True)
+class SortColumn:
+    """One ORDER BY term of a compiled search: an annotation of the queryset, so that a page's
+    last row carries the values its keyset cursor holds (tracker.query.paging)."""
+
+    name: str
+    ascending: bool
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class Compiled:
+    rows: QuerySet[Any]
+    columns: list[SortColumn]
+
+
 def apply(
     queryset: QuerySet[Any], schema: Schema, comparisons: list[Comparison], order: list[OrderKey]
 ) -> QuerySet[Any]:
     """The queryset narrowed to the rows matching every comparison, sorted by `order` and then
     by the schema's tie-break. Raises QueryError for an entity, key or operator not allowed."""
+    return compile_search(queryset, schema, comparisons, order).rows
+
+
+def compile_search(
+    queryset: QuerySet[Any], schema: Schema, comparisons: list[Comparison], order: list[OrderKey]
+) -> Compiled:
+    """As `apply`, with the sort's terms named: every one is selected (an annotation), the
+    schema's tie-break last, so that a keyset page can continue after a row."""
     names = _Aliases()
     for c in comparisons:
-        queryset, condition = _condition(queryset, schema, c, names)
+        try:
+            queryset, condition = _condition(queryset, schema, c, names)
+        except QueryError as exc:
+            raise at(exc, c) from None
         queryset = queryset.filter(condition)
-    sort: list[Expression | str] = []
+    columns: list[SortColumn] = []
     for key in order:
         queryset, keys = _sort(queryset, schema, key, names)
-        sort += keys
-    return queryset.order_by(*sort, schema.tie)
+        columns += keys
+    tie = names()
+    queryset = queryset.annotate(**{tie: F(schema.tie)})
+    columns.append(SortColumn(tie, ascending=True, nullable=False))
+    return Compiled(queryset.order_by(*(_direction(c.name, c.ascending) for c in columns)), columns)
 
 
 def _entity_path(schema: Schema, entity: str) -> str:
@@ -139,6 +169,9 @@ def _condition(
     path = _entity_path(schema, c.entity)
     if c.entity == "metrics":
         return _metric(qs, path, c, names)
+    if c.entity == "tags" and schema.tag_labels:
+        name = names()
+        return qs.alias(**{name: Cast(F(path), TextField())}), _label(name, c)
     name = names()
     qs = qs.alias(**{name: _json_text(c.key, path)})
     return _text(qs, name, c, names)
@@ -172,6 +205,60 @@ def _text(qs: QuerySet[Any], name: str, c: Comparison, names: _Aliases) -> tuple
         raise QueryError(f"{c.entity}.{echo(c.key)}: strings compare with =, !=, LIKE, ILIKE or IN")
     equal = Q(**{name: Value(c.value, output_field=TextField())})
     return qs, equal if c.op == "=" else present & ~equal
+
+
+# One character of a JSON string as stored: plain, \uXXXX, or another backslash escape.
+_JSON_CHAR = r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\.)'
+
+
+def _label(name: str, c: Comparison) -> Q:
+    """A comparison on a tag kept as a label, matched on the list's JSON text: a regex that
+    spans one whole string element, so `team` never matches inside "my-team:nlp"."""
+    if isinstance(c.value, float) or c.op in ("<", "<=", ">", ">="):
+        raise QueryError(
+            f"tags.{echo(c.key)}: tags are labels and compare with =, !=, LIKE, ILIKE, IN "
+            "or IS [NOT] NULL, with a quoted string"
+        )
+    key = _json_literal(c.key)
+
+    def element(value: str | None) -> str:
+        # `value` is a regex of the part after the separator; None: any value or none.
+        body = f"{key}(?:[:=]{_JSON_CHAR}*)?" if value is None else f"{key}[:=]{value}"
+        if value == "":
+            body = f"{key}(?:[:=])?"
+        return rf'(^|[\[,])\s*"{body}"\s*(,|\])'
+
+    present = Q(**{f"{name}__regex": element(None)})
+    if c.op in ("IS NULL", "IS NOT NULL"):
+        return ~present if c.op == "IS NULL" else present
+    if c.op in ("LIKE", "ILIKE"):
+        pattern = "".join(
+            f"{_JSON_CHAR}*" if ch == "%" else _JSON_CHAR if ch == "_" else _json_literal(ch)
+            for ch in str(c.value)
+        )
+        return Q(**{f"{name}__{'regex' if c.op == 'LIKE' else 'iregex'}": element(pattern)})
+    values = c.value if isinstance(c.value, tuple) else (str(c.value),)
+    if not values:
+        inside = Q(pk__in=[])
+    else:
+        either = "|".join(_json_literal(v) for v in values)
+        inside = Q(**{f"{name}__regex": element(f"(?:{either})")})
+        if "" in values:
+            inside |= Q(**{f"{name}__regex": element("")})
+    return inside if c.op in ("=", "IN") else present & ~inside
+
+
+def _json_literal(text: str) -> str:
+    """A regex of `text` as a JSON string body stores it: PostgreSQL's jsonb keeps non-ASCII
+    characters as they are, Django's JSON on SQLite writes them as \\uXXXX; both match."""
+    out = []
+    for ch in text:
+        kept = json.dumps(ch, ensure_ascii=False)[1:-1]
+        ascii_ = json.dumps(ch)[1:-1]
+        out.append(
+            re.escape(kept) if kept == ascii_ else f"(?:{re.escape(kept)}|{re.escape(ascii_)})"
+        )
+    return "".join(out)
 
 
 def _like_regex(pattern: str) -> str:
@@ -227,15 +314,13 @@ def _at(ms: float) -> datetime:
 def _metric_aliases(
     qs: QuerySet[Any], run_path: str, key: str, names: _Aliases
 ) -> tuple[QuerySet[Any], str, str]:
-    rows = LatestMetric.objects.filter(run=OuterRef(run_path), key=key)
-    value, nan = names(), names()
-    qs = qs.alias(
-        **{
-            value: Subquery(rows.values("value")[:1], output_field=FloatField()),
-            nan: Exists(rows.filter(is_nan=True)),
-        }
-    )
-    return qs, value, nan
+    """The run's latest value of `key` and whether it is a NaN, read through a LEFT JOIN on
+    (run, key) rather than two subqueries per row: PostgreSQL hash-joins the key's rows once,
+    where a correlated subquery probed the index for each of 100,000 runs (bench/runs_page.py)."""
+    relation = "latest_metrics" if run_path == "pk" else f"{run_path}__latest_metrics"
+    joined = names()
+    qs = qs.alias(**{joined: FilteredRelation(relation, condition=Q(**{f"{relation}__key": key}))})
+    return qs, f"{joined}__value", f"{joined}__is_nan"
 
 
 def _metric(
@@ -249,27 +334,33 @@ def _metric(
 
 def _sort(
     qs: QuerySet[Any], schema: Schema, key: OrderKey, names: _Aliases
-) -> tuple[QuerySet[Any], list[Expression | str]]:
+) -> tuple[QuerySet[Any], list[SortColumn]]:
     if key.entity == "metrics":
         qs, value, nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key.key, names)
-        rank = names()
+        rank, number = names(), names()
         # MLflow's order: numbers, then NaN, then runs without the metric, in either direction.
-        qs = qs.alias(
+        qs = qs.annotate(
             **{
                 rank: Case(
                     When(Q(**{nan: True}), then=Value(1)),
                     When(Q(**{f"{value}__isnull": True}), then=Value(2)),
                     default=Value(0),
-                )
+                ),
+                number: F(value),
             }
         )
-        return qs, [rank, _direction(value, key.ascending)]
+        return qs, [
+            SortColumn(rank, ascending=True, nullable=False),
+            SortColumn(number, key.ascending),
+        ]
     if key.entity == "attributes":
         expression: Any = F(_attribute(schema, key.key).path)
+    elif key.entity == "tags" and schema.tag_labels:
+        raise QueryError(f"{schema.noun} are not sorted by a tag")
     else:
         expression = _json_text(key.key, _entity_path(schema, key.entity))
     name = names()
-    return qs.alias(**{name: expression}), [_direction(name, key.ascending)]
+    return qs.annotate(**{name: expression}), [SortColumn(name, key.ascending)]
 
 
 def _direction(name: str, ascending: bool) -> OrderBy:

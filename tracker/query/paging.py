@@ -1,13 +1,16 @@
-"""Pages of a sorted queryset by offset, with MLflow's opaque `page_token` (base64 JSON)."""
+"""Pages of a sorted queryset: by offset, with MLflow's opaque `page_token` (base64 JSON), or by
+keyset, after the last row read (its sort values in a base64 JSON cursor)."""
 
 from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from tracker.query.compile import Compiled, SortColumn
 from tracker.query.parse import QueryError
 
 
@@ -36,3 +39,58 @@ def page(queryset: QuerySet[Any], *, token: str | None, limit: int) -> tuple[lis
     if len(rows) <= limit:
         return rows, None
     return rows[:limit], token_encode(offset + limit)
+
+
+# --- keyset pages: the next page starts after the last row read, whatever its offset ---------
+
+
+def keyset_page(
+    compiled: Compiled, *, after: str | None, limit: int
+) -> tuple[list[Any], str | None]:
+    """One page of at most `limit` rows after the row a cursor names, and the cursor of the
+    next page, if any. The cursor holds that row's sort values, so the page is one indexed
+    range read however deep it is, and a row added or removed earlier moves nothing."""
+    rows = compiled.rows
+    if after:
+        rows = rows.filter(_after(compiled.columns, _cursor_decode(after, compiled.columns)))
+    found = list(rows[: limit + 1])
+    if len(found) <= limit:
+        return found, None
+    last = found[limit - 1]
+    return found[:limit], _cursor_encode([getattr(last, c.name) for c in compiled.columns])
+
+
+def _after(columns: list[SortColumn], values: list[Any]) -> Q:
+    """Rows strictly after `values` in the order of `columns` (each NULLS LAST):
+    (a after x) or (a = x and (b after y) or ...), the last column unique."""
+    column, value = columns[0], values[0]
+    if value is None:
+        later = Q(pk__in=[])  # nothing sorts after a null
+        same = Q(**{f"{column.name}__isnull": True})
+    else:
+        later = Q(**{f"{column.name}__{'gt' if column.ascending else 'lt'}": value})
+        if column.nullable:
+            later |= Q(**{f"{column.name}__isnull": True})
+        same = Q(**{column.name: value})
+    if len(columns) == 1:
+        return later
+    return later | (same & _after(columns[1:], values[1:]))
+
+
+def _cursor_encode(values: list[Any]) -> str:
+    typed = [["t", v.isoformat()] if isinstance(v, datetime) else ["v", v] for v in values]
+    return base64.urlsafe_b64encode(json.dumps(typed).encode()).decode()
+
+
+def _cursor_decode(cursor: str, columns: list[SortColumn]) -> list[Any]:
+    try:
+        typed = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        values = [datetime.fromisoformat(v) if kind == "t" else v for kind, v in typed]
+    except (ValueError, TypeError) as exc:
+        raise QueryError("not a page cursor this server gave; start from the first page") from exc
+    if len(values) != len(columns) or any(
+        not isinstance(v, str | int | float | datetime | None) for v in values
+    ):
+        # A cursor of another sort (the order changed under a kept URL): not this page's.
+        raise QueryError("not a page cursor of this order; start from the first page")
+    return values

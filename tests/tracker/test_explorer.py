@@ -1,0 +1,216 @@
+"""The runs explorer's selector (tracker.explorer): the MLflow filter language over Runcast runs
+(tags as labels, statuses in either case, quick filters), errors that point at the token, and
+keyset pages that add up to the whole sorted view."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tracker import explorer, query
+from tracker.explorer import RunFilter
+from tracker.models import LatestMetric, Project, Run
+
+T0 = datetime(2026, 11, 1, 12, tzinfo=UTC)
+
+
+def make(
+    project: Project,
+    name: str,
+    *,
+    day: int = 0,
+    status: str = Run.Status.FINISHED,
+    tags: list[str] | None = None,
+    config: dict[str, object] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> Run:
+    run = Run.objects.create(
+        project=project,
+        public_id=name,
+        name=name,
+        status=status,
+        started_at=T0 + timedelta(days=day),
+        tags=tags or [],
+        config=config or {},
+    )
+    for key, value in (metrics or {}).items():
+        nan = math.isnan(value)
+        LatestMetric.objects.create(
+            run=run, key=key, value=None if nan else value, is_nan=nan, step=1, timestamp_ms=0
+        )
+    return run
+
+
+def names(
+    project: Project, text: str = "", order: list[str] | None = None, **quick: object
+) -> list[str]:
+    where = RunFilter(text=text, order=order or [], **quick)  # type: ignore[arg-type]
+    page = explorer.run_search(projects=[project], where=where, after=None, limit=100)
+    return [r.name for r in page.runs]
+
+
+@pytest.fixture
+def runs(project: Project) -> None:
+    make(
+        project,
+        "a",
+        day=0,
+        tags=["team:nlp", "baseline"],
+        config={"lr": "3e-4"},
+        metrics={"loss": 2.0},
+    )
+    make(project, "b", day=1, tags=["team=nlp"], config={"lr": "1e-3"}, metrics={"loss": 1.5})
+    make(project, "c", day=2, tags=["my-team:nlp"], config={"lr": "3e-4"}, metrics={"loss": 3.0})
+    make(project, "d", day=3, tags=["team:nlpx"], config={"lr": "3e-4"}, metrics={"loss": math.nan})
+    make(project, "e", day=4, status=Run.Status.RUNNING, tags=["team:nlp"], config={"lr": "3e-4"})
+
+
+@pytest.mark.django_db
+def test_it_answers_the_issue_s_question_in_sql(project: Project, runs: None) -> None:
+    text = "metrics.loss < 2.5 and params.lr = '3e-4' and tags.team = 'nlp' and status = 'FINISHED'"
+    assert names(project, text) == ["a"]
+
+
+@pytest.mark.django_db
+def test_a_tag_label_is_a_key_and_value_matched_whole(project: Project, runs: None) -> None:
+    assert names(project, "tags.team = 'nlp'") == ["e", "b", "a"]
+    assert names(project, "tags.team != 'nlp'") == ["d"]
+    assert names(project, "tags.baseline IS NOT NULL") == ["a"]
+    assert names(project, "tags.baseline = ''") == ["a"]
+    assert names(project, "tags.team IS NULL") == ["c"]
+    assert names(project, "tags.team LIKE 'nl%'") == ["e", "d", "b", "a"]
+    assert names(project, "tags.team ILIKE 'NLP_'") == ["d"]
+    assert names(project, "tags.team IN ('nlpx', 'cv')") == ["d"]
+    assert names(project, "tags.`my-team` = 'nlp'") == ["c"]
+
+
+@pytest.mark.django_db
+def test_a_tag_label_with_non_ascii_text_matches(project: Project) -> None:
+    make(project, "fr", tags=['équipe:"vision"'])
+    assert names(project, "tags.équipe = '\"vision\"'") == ["fr"]
+
+
+@pytest.mark.django_db
+def test_a_tag_compared_with_a_number_is_refused_at_its_position(project: Project) -> None:
+    with pytest.raises(query.QueryError, match=r"tags are labels .*\(position 23\)") as e:
+        names(project, "status = 'running' and tags.team > 3")
+    assert e.value.position == 23
+
+
+@pytest.mark.django_db
+def test_an_unknown_attribute_names_itself_and_where_it_is(project: Project) -> None:
+    with pytest.raises(
+        query.QueryError, match=r"Invalid attribute key 'colour'.*\(position 21\)"
+    ) as e:
+        names(project, "metrics.loss < 1 and colour = 'red'")
+    assert e.value.position == 21
+
+
+@pytest.mark.django_db
+def test_quick_filters_narrow_in_the_same_language(project: Project, runs: None) -> None:
+    assert names(project, status="running") == ["e"]
+    assert names(project, name="B") == ["b"]
+    assert names(project, name="_") == ["e", "d", "c", "b", "a"]  # LIKE's wildcards work
+    from_, to = date(2026, 11, 2), date(2026, 11, 3)
+    assert names(project, started_from=from_, started_to=to) == ["c", "b"]
+
+
+@pytest.mark.django_db
+def test_other_projects_runs_are_never_found(project: Project, other_project: Project) -> None:
+    make(project, "mine")
+    make(other_project, "theirs")
+    assert names(project) == ["mine"]
+
+
+@pytest.mark.django_db
+def test_sorting_on_a_metric_puts_nan_then_missing_last_both_ways(
+    project: Project, runs: None
+) -> None:
+    assert names(project, order=["metrics.loss ASC"]) == ["b", "a", "c", "d", "e"]
+    assert names(project, order=["metrics.loss DESC"]) == ["c", "a", "b", "d", "e"]
+    assert names(project, order=["params.lr DESC"]) == ["e", "d", "c", "a", "b"]
+
+
+def _all_pages(project: Project, order: list[str], limit: int) -> tuple[list[str], int]:
+    seen, after, pages = [], None, 0
+    while True:
+        page = explorer.run_search(
+            projects=[project], where=RunFilter(order=order), after=after, limit=limit
+        )
+        seen += [r.name for r in page.runs]
+        pages += 1
+        after = page.next_cursor
+        if after is None:
+            return seen, pages
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "order",
+    [
+        [],
+        ["metrics.loss ASC"],
+        ["metrics.loss DESC"],
+        ["params.lr ASC"],
+        ["steps DESC"],
+        ["name ASC"],
+    ],
+)
+def test_keyset_pages_add_up_to_the_whole_sorted_view(project: Project, order: list[str]) -> None:
+    # Ties, NaNs, missing metrics and params, and equal start times: every boundary a keyset
+    # cursor must continue across.
+    for i in range(11):
+        metrics = {} if i % 4 == 0 else {"loss": math.nan if i % 5 == 0 else float(i % 3)}
+        config = {"lr": str(i % 2)} if i % 3 else {}
+        make(project, f"r{i:02}", day=i // 3, metrics=metrics, config=config)
+    whole = names(project, order=order)
+    seen, pages = _all_pages(project, order, limit=3)
+    assert seen == whole and len(whole) == 11 and pages == 4
+
+
+@pytest.mark.django_db
+def test_a_page_after_a_cursor_skips_nothing_added_before_it(project: Project) -> None:
+    for i in range(4):
+        make(project, f"r{i}", day=i)
+    first = explorer.run_search(projects=[project], where=RunFilter(), after=None, limit=2)
+    assert [r.name for r in first.runs] == ["r3", "r2"]
+    make(project, "newest", day=9)  # an offset would now repeat r2
+    rest = explorer.run_search(
+        projects=[project], where=RunFilter(), after=first.next_cursor, limit=2
+    )
+    assert [r.name for r in rest.runs] == ["r1", "r0"] and rest.next_cursor is None
+
+
+def test_a_cursor_not_from_this_server_or_this_order_is_refused() -> None:
+    compiled_cols = [query.SortColumn("x", True), query.SortColumn("y", True)]
+    from tracker.query.paging import _cursor_decode, _cursor_encode
+
+    with pytest.raises(query.QueryError, match="not a page cursor this server gave"):
+        _cursor_decode("%%%", compiled_cols)
+    with pytest.raises(query.QueryError, match="not a page cursor of this order"):
+        _cursor_decode(_cursor_encode([1]), compiled_cols)
+
+
+@pytest.mark.django_db
+def test_a_page_is_one_query_whatever_its_filter_and_sort(project: Project, runs: None) -> None:
+    where = RunFilter(text="metrics.loss < 9 and tags.team = 'nlp'", order=["metrics.loss DESC"])
+    with CaptureQueriesContext(connection) as ctx:
+        page = explorer.run_search(projects=[project], where=where, after=None, limit=1)
+        assert page.runs[0].project.slug == "llm" and page.runs[0].deadline is None
+        assert explorer.run_user(page.runs[0]) == "" and explorer.run_experiment(page.runs[0]) == ""
+    assert len(ctx.captured_queries) == 1
+
+
+@pytest.mark.django_db
+def test_metric_values_give_latest_and_best(project: Project) -> None:
+    from tests.dashboard.factories import make_run
+
+    run = make_run(project, "r", points=600)  # loss = 3 + exp(-step / 5000), falling
+    values = explorer.metric_values(runs=[run], keys=["loss", "nope"])
+    got = values[(run.pk, "loss")]
+    assert got.step == 599 and got.best == pytest.approx(3 + math.exp(-599 / 5000))
+    assert got.latest == pytest.approx(got.best) and (run.pk, "nope") not in values
