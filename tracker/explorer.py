@@ -164,16 +164,17 @@ def metric_values(*, runs: list[Run], keys: list[str]) -> dict[tuple[int, str], 
     ids = [r.pk for r in runs]
     if not ids or not keys:
         return {}
-    best = {
-        (row["run_id"], row["key"]): row
-        for row in MetricChunk.objects.filter(run_id__in=ids, key__in=keys)
+    best: dict[tuple[int, str], tuple[float | None, float | None]] = {
+        (run_id, key): (lo, hi)
+        for run_id, key, lo, hi in MetricChunk.objects.filter(run_id__in=ids, key__in=keys)
         .values("run_id", "key")
         .annotate(lo=Min("min_value"), hi=Max("max_value"))
+        .values_list("run_id", "key", "lo", "hi")
     }
     out = {}
     for m in LatestMetric.objects.filter(run_id__in=ids, key__in=keys):
-        extremes = best.get((m.run_id, m.key), {})
-        pick = extremes.get("hi" if higher_is_better(m.key) else "lo")
+        lo, hi = best.get((m.run_id, m.key), (None, None))
+        pick = hi if higher_is_better(m.key) else lo
         out[(m.run_id, m.key)] = MetricValues(m.value, m.is_nan, m.step, pick)
     return out
 
