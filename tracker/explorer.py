@@ -22,15 +22,15 @@ from tracker.models import Deadline, LatestMetric, MetricChunk, Project, Run
 RUNS = query.Schema(
     noun="Runs",
     attributes={
-        "name": query.Attribute("name"),
-        "run_id": query.Attribute("public_id"),
-        "status": query.Attribute("status"),
+        "name": query.Attribute("name", nullable=False),
+        "run_id": query.Attribute("public_id", nullable=False),
+        "status": query.Attribute("status", nullable=False),
         "project": query.Attribute("project__slug"),
         # MLflow runs keep their experiment in tracker.mlflow's RunLink (the reverse `mlflow`).
         "experiment": query.Attribute("mlflow__experiment__name"),
         "deadline": query.Attribute("deadline__slug"),
         "user": query.Attribute("created_by_token__created_by__username"),
-        "start_time": query.Attribute("started_at", query.Kind.MILLIS),
+        "start_time": query.Attribute("started_at", query.Kind.MILLIS, nullable=False),
         "end_time": query.Attribute("ended_at", query.Kind.MILLIS),
         "last_seen": query.Attribute("last_seen_at", query.Kind.MILLIS),
         "steps": query.Attribute("last_step", query.Kind.NUMBER),
@@ -88,10 +88,16 @@ def run_search(
     *, projects: list[Project], where: RunFilter, after: str | None, limit: int = PAGE_SIZE
 ) -> RunSearchPage:
     """One keyset page of the runs of these projects that match, in the asked order (then the
-    newest start, then id); each run with its project and deadline (1 query). QueryError names
+    newest start, then id); each run with its project and deadline (2 queries: the sort over
+    narrow rows, then the page's runs whole). QueryError names
     what in the filter or order is wrong, and where."""
     compiled = run_search_compiled(projects=projects, where=where)
-    runs, cursor = query.keyset_page(compiled, after=after, limit=min(limit, PAGE_SIZE_MAX))
+    runs, cursor = query.keyset_page(
+        compiled,
+        after=after,
+        limit=min(limit, PAGE_SIZE_MAX),
+        fetch=lambda pks: _runs_read().in_bulk(pks),
+    )
     return RunSearchPage(runs=runs, next_cursor=cursor)
 
 

@@ -188,6 +188,12 @@ class Run(models.Model):
         indexes = [
             # The sweeper and the board list a project's active runs.
             models.Index(fields=["status", "last_seen_at"], name="run_status_seen_idx"),
+            # The runs explorer's default order (tracker.explorer: newest start, then id): its
+            # first page reads 51 index entries, not a project's 100,000 runs
+            # (bench/runs_page.py).
+            models.Index(
+                F("project"), F("started_at").desc(), F("id"), name="run_project_started_idx"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -358,6 +364,13 @@ class LatestMetric(models.Model):
         constraints = [
             # Also the index of the per-run, per-key subqueries of tracker.query.
             models.UniqueConstraint(fields=["run", "key"], name="latest_metric_unique_key"),
+        ]
+        indexes = [
+            # One key's rows across runs, by value: a filter or sort on a metric (tracker.query's
+            # join on (run, key)) reads them from the index alone (bench/runs_page.py).
+            models.Index(
+                fields=["key", "value"], include=["run", "is_nan"], name="latest_metric_value_idx"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -51,6 +51,9 @@ class Kind(enum.Enum):
 class Attribute:
     path: str
     kind: Kind = Kind.TEXT
+    # A column that is never NULL sorts without NULLS LAST, so that a plain index serves it
+    # (PostgreSQL reads an index in NULLS LAST order only if it was built so).
+    nullable: bool = True
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class _Aliases:
 
     def __init__(self) -> None:
         self._n = itertools.count()
+        # One join per metric key, shared by its comparisons and its sort: a filter on the key
+        # then makes the join an inner one that its (key, value) index can drive.
+        self.metric_joins: dict[str, str] = {}
 
     def __call__(self) -> str:
         return f"_rq{next(self._n)}"
@@ -128,7 +134,7 @@ def compile_search(
     tie = names()
     queryset = queryset.annotate(**{tie: F(schema.tie)})
     columns.append(SortColumn(tie, ascending=True, nullable=False))
-    return Compiled(queryset.order_by(*(_direction(c.name, c.ascending) for c in columns)), columns)
+    return Compiled(queryset.order_by(*(_direction(c) for c in columns)), columns)
 
 
 def _entity_path(schema: Schema, entity: str) -> str:
@@ -318,8 +324,11 @@ def _metric_aliases(
     (run, key) rather than two subqueries per row: PostgreSQL hash-joins the key's rows once,
     where a correlated subquery probed the index for each of 100,000 runs (bench/runs_page.py)."""
     relation = "latest_metrics" if run_path == "pk" else f"{run_path}__latest_metrics"
-    joined = names()
-    qs = qs.alias(**{joined: FilteredRelation(relation, condition=Q(**{f"{relation}__key": key}))})
+    joined = names.metric_joins.get(key)
+    if joined is None:
+        joined = names.metric_joins[key] = names()
+        on_key = FilteredRelation(relation, condition=Q(**{f"{relation}__key": key}))
+        qs = qs.alias(**{joined: on_key})
     return qs, f"{joined}__value", f"{joined}__is_nan"
 
 
@@ -337,31 +346,32 @@ def _sort(
 ) -> tuple[QuerySet[Any], list[SortColumn]]:
     if key.entity == "metrics":
         qs, value, nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key.key, names)
-        rank, number = names(), names()
+        number, is_nan = names(), names()
         # MLflow's order: numbers, then NaN, then runs without the metric, in either direction.
-        qs = qs.annotate(
-            **{
-                rank: Case(
-                    When(Q(**{nan: True}), then=Value(1)),
-                    When(Q(**{f"{value}__isnull": True}), then=Value(2)),
-                    default=Value(0),
-                ),
-                number: F(value),
-            }
-        )
+        # A NaN's value is NULL (numbers first, NULLS LAST) and among the NULLs is_nan sorts
+        # true (a NaN) before NULL (no row: no metric); plain columns, so no CASE per row.
+        qs = qs.annotate(**{number: F(value), is_nan: F(nan)})
         return qs, [
-            SortColumn(rank, ascending=True, nullable=False),
             SortColumn(number, key.ascending),
+            SortColumn(is_nan, ascending=False),
         ]
     if key.entity == "attributes":
-        expression: Any = F(_attribute(schema, key.key).path)
-    elif key.entity == "tags" and schema.tag_labels:
+        attribute = _attribute(schema, key.key)
+        name = names()
+        qs = qs.annotate(**{name: F(attribute.path)})
+        return qs, [SortColumn(name, key.ascending, nullable=attribute.nullable)]
+    if key.entity == "tags" and schema.tag_labels:
         raise QueryError(f"{schema.noun} are not sorted by a tag")
-    else:
-        expression = _json_text(key.key, _entity_path(schema, key.entity))
     name = names()
+    expression = _json_text(key.key, _entity_path(schema, key.entity))
     return qs.annotate(**{name: expression}), [SortColumn(name, key.ascending)]
 
 
-def _direction(name: str, ascending: bool) -> OrderBy:
-    return F(name).asc(nulls_last=True) if ascending else F(name).desc(nulls_last=True)
+def _direction(column: SortColumn) -> OrderBy:
+    if not column.nullable:
+        return F(column.name).asc() if column.ascending else F(column.name).desc()
+    return (
+        F(column.name).asc(nulls_last=True)
+        if column.ascending
+        else F(column.name).desc(nulls_last=True)
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -45,19 +46,33 @@ def page(queryset: QuerySet[Any], *, token: str | None, limit: int) -> tuple[lis
 
 
 def keyset_page(
-    compiled: Compiled, *, after: str | None, limit: int
+    compiled: Compiled,
+    *,
+    after: str | None,
+    limit: int,
+    fetch: Callable[[list[Any]], dict[Any, Any]] | None = None,
 ) -> tuple[list[Any], str | None]:
     """One page of at most `limit` rows after the row a cursor names, and the cursor of the
     next page, if any. The cursor holds that row's sort values, so the page is one indexed
-    range read however deep it is, and a row added or removed earlier moves nothing."""
+    range read however deep it is, and a row added or removed earlier moves nothing.
+
+    With `fetch` (tie values -> rows by tie value), the sort reads the sort values alone and
+    `fetch` reads the page's rows whole (2 queries): a sort that cannot use an index (a
+    metric's) then orders narrow tuples, not every candidate's JSON config and joined rows."""
     rows = compiled.rows
     if after:
         rows = rows.filter(_after(compiled.columns, _cursor_decode(after, compiled.columns)))
-    found = list(rows[: limit + 1])
-    if len(found) <= limit:
-        return found, None
-    last = found[limit - 1]
-    return found[:limit], _cursor_encode([getattr(last, c.name) for c in compiled.columns])
+    if fetch is None:
+        found = list(rows[: limit + 1])
+        values = [[getattr(row, c.name) for c in compiled.columns] for row in found]
+    else:
+        values = [
+            list(v) for v in rows.values_list(*(c.name for c in compiled.columns))[: limit + 1]
+        ]
+        by_tie = fetch([v[-1] for v in values[:limit]])
+        found = [by_tie[v[-1]] for v in values[:limit] if v[-1] in by_tie]
+    cursor = _cursor_encode(values[limit - 1]) if len(values) > limit else None
+    return found[:limit], cursor
 
 
 def _after(columns: list[SortColumn], values: list[Any]) -> Q:
