@@ -17,7 +17,9 @@ run_project_started_idx and latest_metric_value_idx dropped) and with them. Prin
 and, last, one JSON line: `runs_page_ms` (median of --repeat) and the queries per page for each
 shape, and the ratio baseline / indexed.
 
-    .venv/bin/python -m bench.runs_page [--db postgres://postgres@127.0.0.1:5432] [--runs 100000]
+    .venv/bin/python -m bench.runs_page [--runs 100000] [--repeat 7] [--keep]
+
+(PostgreSQL at BENCH_PG_URL, postgres://postgres@127.0.0.1:5432 unless set: bench.harness.)
 """
 
 from __future__ import annotations
@@ -28,16 +30,13 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from bench import throwaway_secret_key
+from bench import harness, throwaway_secret_key
+from bench.pages import _setup_django
 
-ROOT = Path(__file__).resolve().parents[1]
 DB_NAME = "runcast_bench_runs_page"
 PARAMS = 20
 METRICS = 10
@@ -51,8 +50,7 @@ SHAPES: dict[str, dict[str, str]] = {
 }
 INDEXES = {
     "run_project_started_idx": (
-        "CREATE INDEX run_project_started_idx ON tracker_run "
-        "(project_id, started_at DESC, id)"
+        "CREATE INDEX run_project_started_idx ON tracker_run (project_id, started_at DESC, id)"
     ),
     "latest_metric_value_idx": (
         "CREATE INDEX latest_metric_value_idx ON tracker_latestmetric (key, value) "
@@ -61,43 +59,13 @@ INDEXES = {
 }
 
 
-def _recreate(server: str) -> str:
-    import psycopg2
-
-    conn = psycopg2.connect(f"{server}/postgres")
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {DB_NAME}")
-    conn.close()
-    url = f"{server}/{DB_NAME}"
+def _recreate() -> str:
+    harness.recreate_db(DB_NAME)
+    url = f"{harness.PG_URL}/{DB_NAME}"
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings.base"}
     env.setdefault("SECRET_KEY", throwaway_secret_key())
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    harness.manage(env, "migrate", "-v0")
     return url
-
-
-def _drop(server: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(f"{server}/postgres")
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-    conn.close()
-
-
-def _setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
-    os.environ.setdefault("SECRET_KEY", throwaway_secret_key())
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
-    from django.test.utils import setup_test_environment
-
-    setup_test_environment()  # lets the test client's "testserver" host through
 
 
 def _copy(cur: Any, table: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -224,13 +192,12 @@ def _time_shapes(client: Any, repeat: int) -> dict[str, dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--db", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
 
-    url = _recreate(args.db)
+    url = _recreate()
     try:
         _setup_django(url)
         from django.db import connection
@@ -254,7 +221,7 @@ def main() -> None:
             from django.db import connections
 
             connections.close_all()
-            _drop(args.db)
+            harness.drop_db(DB_NAME)
 
     print(f"{'shape':<18}{'no index ms':>12}{'indexed ms':>12}{'queries':>9}{'rows':>6}")
     for shape in SHAPES:
