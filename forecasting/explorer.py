@@ -81,8 +81,9 @@ def runs_table(
         next_cursor=found.next_cursor,
         metrics=metrics,
         params=params,
-        metric_keys=keys,
-        param_keys=explorer.param_keys(found.runs),
+        # The chosen keys stay offered (and ticked) on a page whose runs lack them.
+        metric_keys=sorted({*keys, *metrics}),
+        param_keys=sorted({*explorer.param_keys(found.runs), *params}),
     )
 
 

@@ -148,11 +148,12 @@ def _links(params: QueryDict, state: ViewState) -> dict[str, Any]:
                 q[name] = value
         return q.urlencode()
 
+    current = state.sort or "started"  # the default order is the newest start first
+
     def sort_link(column: str) -> str:
-        flip = "asc" if state.sort == column and state.descending else "desc"
-        if state.sort != column:
-            flip = "desc" if column == "started" else "asc"
-        return with_(sort=column, dir=flip, after=None)
+        if column == current:  # the same column again: the other way
+            return with_(sort=column, dir="asc" if state.descending else "desc", after=None)
+        return with_(sort=column, dir="desc" if column == "started" else "asc", after=None)
 
     return {
         "sort": {c: sort_link(c) for c in SORTS},

@@ -193,3 +193,18 @@ def test_compare_takes_a_run_beyond_the_picker_s_newest_200(client: Any, project
     _login(client, "viewer")
     html = client.get("/projects/llm/compare/", {"run": "old-one"}).content.decode()
     assert '"id": "old-one"' in html
+
+
+def test_the_default_order_s_header_turns_it_and_chosen_keys_stay_offered(
+    client: Any, project: Project
+) -> None:
+    make(project, "r", metrics={"loss": 1.0})
+    _login(client, "viewer")
+    html = client.get("/projects/llm/runs/").content.decode()
+    # The default order is the newest start first: its header asks for the oldest first.
+    assert 'href="?sort=started&amp;dir=asc">Started' in html
+    html = client.get("/projects/llm/runs/", {"m": "val_loss", "p": "lr"}).content.decode()
+    # No run on the page logs val_loss or sets lr: the choice is still ticked, so it survives
+    # the next submit of the form.
+    assert 'name="m" value="val_loss" checked' in html
+    assert 'name="p" value="lr" checked' in html
