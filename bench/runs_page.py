@@ -15,7 +15,8 @@ forecasts. Then times the page `/projects/bench/runs/` through Django's test cli
 Each shape is timed twice in the same process: without the explorer's indexes (the baseline,
 run_project_started_idx and latest_metric_value_idx dropped) and with them. Prints a table
 and, last, one JSON line: `runs_page_ms` (median of --repeat) and the queries per page for each
-shape, and the ratio baseline / indexed.
+shape, the SQL part of that time (`sql_ms`), and the ratio baseline / indexed. On a shared
+machine the page time moves with the load; `sql_ms` less so.
 
     .venv/bin/python -m bench.runs_page [--runs 100000] [--repeat 7] [--keep]
 
@@ -174,16 +175,18 @@ def _time_shapes(client: Any, repeat: int) -> dict[str, dict[str, Any]]:
     out = {}
     for shape, params in SHAPES.items():
         client.get("/projects/bench/runs/", params)  # warm: plans, caches
-        times = []
+        times, sql = [], []
         for _ in range(repeat):
             t = time.perf_counter()
             with CaptureQueriesContext(connection) as ctx:
                 res = client.get("/projects/bench/runs/", params)
             times.append((time.perf_counter() - t) * 1000)
+            sql.append(sum(float(q["time"]) for q in ctx.captured_queries) * 1000)
             assert res.status_code == 200, res.content[:500]
         rows = res.content.count(b"<tr data-run=")
         out[shape] = {
             "ms": round(statistics.median(times), 1),
+            "sql_ms": round(statistics.median(sql), 1),
             "queries": len(ctx.captured_queries),
             "rows": rows,
         }
@@ -223,10 +226,10 @@ def main() -> None:
             connections.close_all()
             harness.drop_db(DB_NAME)
 
-    print(f"{'shape':<18}{'no index ms':>12}{'indexed ms':>12}{'queries':>9}{'rows':>6}")
+    print(f"{'shape':<18}{'no index ms':>12}{'indexed ms':>12}{'of it SQL':>10}{'queries':>9}")
     for shape in SHAPES:
         b, i = baseline[shape], indexed[shape]
-        print(f"{shape:<18}{b['ms']:>12}{i['ms']:>12}{i['queries']:>9}{i['rows']:>6}")
+        print(f"{shape:<18}{b['ms']:>12}{i['ms']:>12}{i['sql_ms']:>10}{i['queries']:>9}")
     print(
         json.dumps(
             {
@@ -235,6 +238,7 @@ def main() -> None:
                 "metrics": METRICS,
                 "seed_s": seeded["seed_s"],
                 "runs_page_ms": {s: indexed[s]["ms"] for s in SHAPES},
+                "sql_ms": {s: indexed[s]["sql_ms"] for s in SHAPES},
                 "queries": {s: indexed[s]["queries"] for s in SHAPES},
                 "baseline_no_index_ms": {s: baseline[s]["ms"] for s in SHAPES},
                 "speedup_vs_no_index": {

@@ -12,7 +12,7 @@ from datetime import datetime
 from forecasting.board import RunView, end_margin_s
 from forecasting.selectors import OUTLOOK_IDS, outlooks_for, with_latest_forecasts
 from tracker import explorer
-from tracker.explorer import MetricValues, RunFilter
+from tracker.explorer import MetricValues, RunFilter, RunGroup
 from tracker.models import Deadline, Project, Run
 from tracker.selectors import LOSS_KEYS
 
@@ -57,6 +57,8 @@ class RunsTable:
     params: list[str]  # the param columns shown
     metric_keys: list[str] = field(default_factory=list)  # what the picker offers
     param_keys: list[str] = field(default_factory=list)
+    # With a group-by: every matching run counted per value (not only this page's).
+    groups: list[RunGroup] | None = None
 
 
 def runs_table(
@@ -68,15 +70,23 @@ def runs_table(
     metrics: list[str],
     params: list[str],
     now: datetime,
+    group_by: str = "",
 ) -> RunsTable:
     """One page of the explorer (8 queries: the page, the keys it offers, forecast ids, the
-    forecasts, open flags, episode ends, latest values and best values). Without chosen
-    metrics the page shows its runs' loss. Raises QueryError for a filter or order it refuses."""
+    forecasts, open flags, episode ends, latest values and best values; one more with a
+    group-by). Without chosen metrics the page shows its runs' loss. Raises QueryError for a
+    filter, order or group it refuses."""
     found = explorer.run_search(projects=projects, where=where, after=after, limit=limit)
     keys = explorer.metric_keys(runs=found.runs)
     if not metrics:
         metrics = [k for k in LOSS_KEYS if k in keys][:1]
+    groups = None
+    if group_by:
+        # The groups' aggregate is of the first metric shown.
+        metric = metrics[0] if metrics else None
+        groups = explorer.run_groups(projects=projects, where=where, by=group_by, metric=metric)
     return RunsTable(
+        groups=groups,
         rows=table_rows(runs=found.runs, metrics=metrics, params=params, now=now),
         next_cursor=found.next_cursor,
         metrics=metrics,

@@ -12,12 +12,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Max, Min, QuerySet
+from django.db.models import Avg, Count, F, Max, Min, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from tracker import query
 from tracker.models import Deadline, LatestMetric, MetricChunk, Project, Run
+from tracker.query import QueryError
 
 RUNS = query.Schema(
     noun="Runs",
@@ -51,6 +55,15 @@ RUNS = query.Schema(
     metrics="pk",
     tie="pk",
 )
+# What the runs may be grouped by besides a param ("p:<key>"), and the column of each.
+GROUP_BY = {
+    "status": "status",
+    "experiment": "mlflow__experiment__name",
+    "deadline": "deadline__slug",
+    "user": "created_by_token__created_by__username",
+    "project": "project__slug",
+}
+GROUPS_MAX = 200
 # What the table sorts by unless told: the newest start first.
 DEFAULT_ORDER = "start_time DESC"
 PAGE_SIZE = 50
@@ -146,6 +159,43 @@ def _quick(where: RunFilter) -> list[query.Comparison]:
 
 def _ms(day: date) -> float:
     return datetime.combine(day, time(0), tzinfo=UTC).timestamp() * 1000
+
+
+@dataclass(frozen=True)
+class RunGroup:
+    value: str | None  # None: runs without one (no experiment, no such param)
+    count: int
+    mean: float | None = None  # of the chosen metric's latest finite values
+    best: float | None = None
+
+
+def run_groups(
+    *, projects: list[Project], where: RunFilter, by: str, metric: str | None
+) -> list[RunGroup]:
+    """The runs that match, counted per value of `by` (a GROUP_BY name or "p:<param>"), with
+    the mean and best latest value of `metric` per group, the largest groups first (1 query,
+    at most GROUPS_MAX groups). QueryError for what cannot group."""
+    matched = run_search_compiled(projects=projects, where=where).rows.order_by().values("pk")
+    # Typed loosely: the group and the aggregates are aliases django-stubs cannot follow.
+    rows: QuerySet[Any] = Run.objects.filter(pk__in=matched)
+    entity, _, key = by.partition(":")
+    if entity == "p" and key:
+        rows = rows.annotate(_group=Cast(KeyTextTransform(key, "config"), TextField()))
+    elif by in GROUP_BY:
+        rows = rows.annotate(_group=F(GROUP_BY[by]))
+    else:
+        said = ", ".join(GROUP_BY)
+        raise QueryError(f"group: runs are grouped by {said} or p:<param>, not '{by[:40]}'")
+    grouped: QuerySet[Any]
+    if metric:
+        rows, value = query.metric_value(rows, RUNS, metric)
+        pick = Max(value) if higher_is_better(metric) else Min(value)
+        grouped = rows.values("_group").annotate(n=Count("pk"), mean=Avg(value), best=pick)
+    else:
+        grouped = rows.values("_group").annotate(n=Count("pk"))
+    # The largest groups first; the name breaks ties, so the order is the same every time.
+    found = grouped.order_by("-n", "_group")
+    return [RunGroup(g["_group"], g["n"], g.get("mean"), g.get("best")) for g in found[:GROUPS_MAX]]
 
 
 # --- what a page shows besides the runs ------------------------------------------------------

@@ -66,6 +66,7 @@ class BadInput(ValueError):
 @dataclass
 class ViewState:
     where: RunFilter
+    group: str
     sort: str  # a column id, "m:<key>" or "p:<key>"; "" for the default order
     descending: bool
     metrics: list[str]
@@ -119,6 +120,7 @@ def parse_state(params: QueryDict) -> ViewState:
     )
     return ViewState(
         where=where,
+        group=params.get("group", ""),
         sort=sort,
         descending=descending,
         metrics=[k for k in params.getlist("m") if k][:20],
@@ -176,6 +178,7 @@ def runs_page(request: HttpRequest, project: str | None = None) -> HttpResponse:
         "experiments": explorer.experiment_choices(projects=projects),
         "deadlines": list(explorer.deadline_list_all(projects=projects)),
         "params": request.GET,
+        "group_choices": [g for g in explorer.GROUP_BY if project is None or g != "project"],
     }
     try:
         state = parse_state(request.GET)
@@ -187,13 +190,46 @@ def runs_page(request: HttpRequest, project: str | None = None) -> HttpResponse:
             metrics=state.metrics,
             params=state.params,
             now=timezone.now(),
+            group_by=state.group,
         )
     except (BadInput, query.QueryError) as exc:
         context["error"] = _error(exc, request.GET.get("q", ""))
         return render(request, "dashboard/runs.html", context, status=400)
     state.metrics = table.metrics
-    context.update(state=state, table=table, links=_links(request.GET, state), now=timezone.now())
+    context.update(
+        state=state,
+        table=table,
+        links=_links(request.GET, state),
+        groups=_group_rows(request.GET, state, table),
+        now=timezone.now(),
+    )
     return render(request, "dashboard/runs.html", context)
+
+
+# Groups whose quick filter narrows the view to them; other groups add a comparison to `q`.
+_QUICK = ("status", "experiment", "deadline")
+
+
+def _group_rows(params: QueryDict, state: ViewState, table: RunsTable) -> list[dict[str, Any]]:
+    """Each group with the query string of the view narrowed to it (None: no link)."""
+    out: list[dict[str, Any]] = []
+    entity, _, key = state.group.partition(":")
+    for group in table.groups or []:
+        value = group.value
+        q = params.copy()
+        for name in ("after", "group"):
+            q.pop(name, None)
+        if state.group in _QUICK and value is not None:
+            q[state.group] = value
+        elif value is None and entity != "p":
+            out.append({"group": group, "link": None})  # the language has no IS NULL for these
+            continue
+        else:
+            ident = f"params.`{key}`" if entity == "p" else state.group
+            quoted = "IS NULL" if value is None else "= '" + value.replace("'", "\\'") + "'"
+            q["q"] = " and ".join(t for t in (params.get("q", ""), f"{ident} {quoted}") if t)
+        out.append({"group": group, "link": q.urlencode()})
+    return out
 
 
 def _error(exc: Exception, text: str) -> dict[str, Any]:

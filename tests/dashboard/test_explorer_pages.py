@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -208,3 +209,18 @@ def test_the_default_order_s_header_turns_it_and_chosen_keys_stay_offered(
     # the next submit of the form.
     assert 'name="m" value="val_loss" checked' in html
     assert 'name="p" value="lr" checked' in html
+
+
+def test_a_group_links_to_the_view_narrowed_to_it(client: Any, project: Project) -> None:
+    make(project, "a", config={"lr": "3e-4"}, metrics={"loss": 2.0})
+    make(project, "b", config={"lr": "3e-4"}, metrics={"loss": 1.0})
+    make(project, "c", config={"lr": "it's"}, metrics={"loss": 4.0})
+    _login(client, "viewer")
+    resp = client.get("/projects/llm/runs/", {"group": "p:lr", "q": "metrics.loss < 5"})
+    html = resp.content.decode()
+    assert '<tr data-group="3e-4">' in html and '<td class="num">1.5</td>' in html
+    link = re.search(r'data-group="it&#x27;s">\s*<td><a href="\?([^"]+)"', html)
+    assert link is not None
+    narrowed = client.get("/projects/llm/runs/?" + link.group(1).replace("&amp;", "&"))
+    assert narrowed.status_code == 200
+    assert re.findall(r'<tr data-run="([^"]+)"', narrowed.content.decode()) == ["c"]

@@ -215,3 +215,24 @@ def test_metric_values_give_latest_and_best(project: Project) -> None:
     got = values[(run.pk, "loss")]
     assert got.step == 599 and got.best == pytest.approx(3 + math.exp(-599 / 5000))
     assert got.latest == pytest.approx(got.best) and (run.pk, "nope") not in values
+
+
+@pytest.mark.django_db
+def test_groups_count_every_matching_run_with_the_metric_s_mean_and_best(
+    project: Project, runs: None
+) -> None:
+    def groups(by: str, text: str = "", metric: str | None = "loss") -> list[tuple[object, ...]]:
+        found = explorer.run_groups(
+            projects=[project], where=RunFilter(text=text), by=by, metric=metric
+        )
+        return [(g.value, g.count, g.mean, g.best) for g in found]
+
+    # d's NaN and e's missing loss count as runs, not as values.
+    assert groups("p:lr") == [("3e-4", 4, 2.5, 2.0), ("1e-3", 1, 1.5, 1.5)]
+    assert groups("status", "tags.team = 'nlp'", None) == [
+        ("finished", 2, None, None),
+        ("running", 1, None, None),
+    ]
+    assert groups("experiment", metric=None) == [(None, 5, None, None)]
+    with pytest.raises(query.QueryError, match=r"grouped by status, .* not 'colour'"):
+        groups("colour")

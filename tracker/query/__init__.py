@@ -15,6 +15,7 @@ from tracker.query.compile import (
     SortColumn,
     apply,
     compile_search,
+    metric_value,
 )
 from tracker.query.paging import keyset_page, page, token_decode, token_encode
 from tracker.query.parse import Comparison, OrderKey, QueryError, parse, parse_order_by
@@ -31,6 +32,7 @@ __all__ = [
     "apply",
     "compile_search",
     "keyset_page",
+    "metric_value",
     "page",
     "parse",
     "parse_order_by",

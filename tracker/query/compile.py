@@ -17,7 +17,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,14 +81,15 @@ _MAX_MS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(millisecond
 class _Aliases:
     """Fresh alias names for one compilation (a key may appear in several comparisons)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "_rq") -> None:
+        self._prefix = prefix
         self._n = itertools.count()
         # One join per metric key, shared by its comparisons and its sort: a filter on the key
         # then makes the join an inner one that its (key, value) index can drive.
         self.metric_joins: dict[str, str] = {}
 
     def __call__(self) -> str:
-        return f"_rq{next(self._n)}"
+        return f"{self._prefix}{next(self._n)}"
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,13 @@ class SortColumn:
 class Compiled:
     rows: QuerySet[Any]
     columns: list[SortColumn]
+
+    def order(self, *, first_has_values: bool = False) -> list[OrderBy]:
+        """The ORDER BY terms; `first_has_values`: for rows whose first term is never NULL,
+        which then sorts without NULLS LAST, so that an index on it serves either direction
+        (PostgreSQL scans an ASC index backwards as DESC NULLS FIRST only)."""
+        first = replace(self.columns[0], nullable=False) if first_has_values else self.columns[0]
+        return [_direction(c) for c in [first, *self.columns[1:]]]
 
 
 def apply(
@@ -135,6 +143,14 @@ def compile_search(
     queryset = queryset.annotate(**{tie: F(schema.tie)})
     columns.append(SortColumn(tie, ascending=True, nullable=False))
     return Compiled(queryset.order_by(*(_direction(c) for c in columns)), columns)
+
+
+def metric_value(qs: QuerySet[Any], schema: Schema, key: str) -> tuple[QuerySet[Any], str]:
+    """The queryset joined to each row's latest `key` (LEFT JOIN), and the path of its value
+    (NULL for a NaN or no metric): what an aggregate over a metric reads. Its aliases are its
+    own, so it joins a queryset another compilation made."""
+    qs, value, _nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key, _Aliases("_rm"))
+    return qs, value
 
 
 def _entity_path(schema: Schema, entity: str) -> str:

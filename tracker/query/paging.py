@@ -59,16 +59,35 @@ def keyset_page(
     With `fetch` (tie values -> rows by tie value), the sort reads the sort values alone and
     `fetch` reads the page's rows whole (2 queries): a sort that cannot use an index (a
     metric's) then orders narrow tuples, not every candidate's JSON config and joined rows."""
-    rows = compiled.rows
+    names = [c.name for c in compiled.columns]
+    rows, past_values = compiled.rows, False
     if after:
-        rows = rows.filter(_after(compiled.columns, _cursor_decode(after, compiled.columns)))
-    if fetch is None:
-        found = list(rows[: limit + 1])
-        values = [[getattr(row, c.name) for c in compiled.columns] for row in found]
+        decoded = _cursor_decode(after, compiled.columns)
+        rows = rows.filter(_after(compiled.columns, decoded))
+        past_values = decoded[0] is None
+
+    def read(qs: QuerySet[Any], n: int) -> list[Any]:
+        if n <= 0:
+            return []
+        if fetch is None:
+            return list(qs[:n])
+        return [list(v) for v in qs.values_list(*names)[:n]]
+
+    first = compiled.columns[0]
+    if first.nullable and not past_values:
+        # The rows with a first value sort before those without (NULLS LAST): read them first,
+        # as a query of their own that an index on that value serves in order (a metric's
+        # (key, value) index: 51 index entries, not a hash join of every run), then the rest.
+        has_value = Q(**{f"{first.name}__isnull": False})
+        head = rows.filter(has_value).order_by(*compiled.order(first_has_values=True))
+        got = read(head, limit + 1)
+        got += read(rows.filter(**{f"{first.name}__isnull": True}), limit + 1 - len(got))
     else:
-        values = [
-            list(v) for v in rows.values_list(*(c.name for c in compiled.columns))[: limit + 1]
-        ]
+        got = read(rows, limit + 1)
+    if fetch is None:
+        found, values = got, [[getattr(row, name) for name in names] for row in got]
+    else:
+        values = got
         by_tie = fetch([v[-1] for v in values[:limit]])
         found = [by_tie[v[-1]] for v in values[:limit] if v[-1] in by_tie]
     cursor = _cursor_encode(values[limit - 1]) if len(values) > limit else None
