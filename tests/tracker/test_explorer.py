@@ -236,3 +236,14 @@ def test_groups_count_every_matching_run_with_the_metric_s_mean_and_best(
     assert groups("experiment", metric=None) == [(None, 5, None, None)]
     with pytest.raises(query.QueryError, match=r"grouped by status, .* not 'colour'"):
         groups("colour")
+
+
+@pytest.mark.django_db
+def test_not_equal_on_a_metric_reads_only_that_key(project: Project) -> None:
+    # The join is on (run, key): another key's value 2 must not exclude a run from loss != 2.
+    make(project, "x", metrics={"loss": 1.0, "acc": 2.0})
+    make(project, "y", metrics={"loss": 2.0, "acc": 1.0})
+    make(project, "z", metrics={"acc": 3.0})
+    assert names(project, "metrics.loss != 2") == ["x"]
+    assert names(project, "metrics.loss != 2 and metrics.acc > 1") == ["x"]
+    assert names(project, "metrics.loss < 3", ["metrics.acc DESC"]) == ["x", "y"]
