@@ -24,6 +24,12 @@ urlpatterns = [
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
     path("projects/<slug:project>/runs/", explorer_views.runs_page, name="runs"),
     path("projects/<slug:project>/runs.csv", explorer_views.runs_csv, name="runs-csv"),
+    path("projects/<slug:project>/runs/views/", explorer_views.view_save, name="view-save"),
+    path(
+        "projects/<slug:project>/runs/views/<int:view_id>/delete/",
+        explorer_views.view_delete,
+        name="view-delete",
+    ),
     path("projects/<slug:project>/deadlines/", explorer_views.deadlines_page, name="deadlines"),
     path("runs/", explorer_views.runs_page, name="runs-all"),
     path("runs.csv", explorer_views.runs_csv, name="runs-all-csv"),

@@ -377,6 +377,28 @@ class LatestMetric(models.Model):
         return f"{self.key} = {self.value} at step {self.step}"
 
 
+class SavedView(models.Model):
+    """A runs explorer view a member named for the project: its query string (filter, sort,
+    columns, group), which is the whole state of the view (dashboard/explorer)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="saved_views")
+    name = models.CharField(max_length=100)
+    query = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="saved_view_unique_name")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}"
+
+
 class Event(models.Model):
     class Kind(models.TextChoices):
         CHECKPOINT = "checkpoint"

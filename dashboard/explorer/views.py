@@ -17,16 +17,19 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 from forecasting.explorer import RunsTable, TableRow, deadline_page, runs_table
 from tracker import explorer, query
 from tracker.access import membership_for
 from tracker.explorer import RunFilter
-from tracker.models import Project, Run
+from tracker.models import Membership, Project, Run
+from tracker.saved_views import saved_view_delete, saved_view_list, saved_view_save
 from tracker.selectors import membership_list_for_user
+from tracker.services import ServiceError
 
 # Columns a view may hide; the run's name always shows.
 COLUMNS = (
@@ -179,6 +182,9 @@ def runs_page(request: HttpRequest, project: str | None = None) -> HttpResponse:
         "deadlines": list(explorer.deadline_list_all(projects=projects)),
         "params": request.GET,
         "group_choices": [g for g in explorer.GROUP_BY if project is None or g != "project"],
+        "saved_views": saved_view_list(project=membership.project) if membership else [],
+        "can_edit": bool(membership and membership.can_edit),
+        "view_query": request.GET.urlencode(),
     }
     try:
         state = parse_state(request.GET)
@@ -239,6 +245,39 @@ def _error(exc: Exception, text: str) -> dict[str, Any]:
     if isinstance(exc, query.QueryError) and position is not None and position <= len(text):
         out.update(before=text[:position], token=text[position:] or " ", field="q")
     return out
+
+
+# --- saved views -----------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def view_save(request: HttpRequest, project: str) -> HttpResponse:
+    """Save the current view under a name (members): the page then opens it."""
+    membership = membership_for(
+        user=request.user, project_slug=project, need=Membership.Role.MEMBER
+    )
+    try:
+        view = saved_view_save(
+            project=membership.project,
+            user=request.user,
+            name=request.POST.get("name", ""),
+            query=request.POST.get("query", ""),
+        )
+    except ServiceError as exc:
+        message = f"{exc.field}: {exc.message}" if exc.field else exc.message
+        return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
+    return redirect(reverse("dashboard:runs", args=[project]) + "?" + view.query)
+
+
+@login_required
+@require_POST
+def view_delete(request: HttpRequest, project: str, view_id: int) -> HttpResponse:
+    membership = membership_for(
+        user=request.user, project_slug=project, need=Membership.Role.MEMBER
+    )
+    saved_view_delete(project=membership.project, view_id=view_id)
+    return redirect("dashboard:runs", project=project)
 
 
 # --- CSV -------------------------------------------------------------------------------------

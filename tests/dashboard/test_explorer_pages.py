@@ -224,3 +224,42 @@ def test_a_group_links_to_the_view_narrowed_to_it(client: Any, project: Project)
     narrowed = client.get("/projects/llm/runs/?" + link.group(1).replace("&amp;", "&"))
     assert narrowed.status_code == 200
     assert re.findall(r'<tr data-run="([^"]+)"', narrowed.content.decode()) == ["c"]
+
+
+def test_a_member_saves_a_view_that_every_member_opens(client: Any, project: Project) -> None:
+    make(project, "a", config={"lr": "3e-4"})
+    make(project, "b", config={"lr": "1e-3"})
+    _login(client, "member")
+    query = "q=params.lr+%3D+%273e-4%27&sort=name&dir=asc&after=abc"
+    resp = client.post("/projects/llm/runs/views/", {"name": " lr 3e-4 ", "query": query})
+    assert resp.status_code == 302
+    # Where the page stood is not part of the view.
+    assert resp["Location"] == "/projects/llm/runs/?q=params.lr+%3D+%273e-4%27&sort=name&dir=asc"
+    client.logout()
+    _login(client, "viewer")
+    html = client.get("/projects/llm/runs/").content.decode()
+    link = re.search(r'<span class="saved-view"><a href="\?([^"]+)">lr 3e-4</a>', html)
+    assert link is not None and 'id="view-save"' not in html  # a viewer opens, never saves
+    opened = client.get("/projects/llm/runs/?" + link.group(1).replace("&amp;", "&"))
+    assert re.findall(r'<tr data-run="([^"]+)"', opened.content.decode()) == ["a"]
+
+
+def test_viewers_and_outsiders_cannot_save_or_delete_views(
+    client: Any, project: Project, outsider: Any
+) -> None:
+    from tracker.saved_views import saved_view_save
+
+    view = saved_view_save(project=project, user=None, name="mine", query="q=")
+    _login(client, "viewer")
+    assert client.post("/projects/llm/runs/views/", {"name": "x"}).status_code == 403
+    assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 403
+    client.logout()
+    _login(client, "outsider")
+    assert client.post("/projects/llm/runs/views/", {"name": "x"}).status_code == 404
+    assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 404
+    client.logout()
+    _login(client, "member")
+    bad = client.post("/projects/llm/runs/views/", {"name": "  ", "query": ""})
+    assert bad.status_code == 400 and bad.content.decode().startswith("name: ")
+    assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 302
+    assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 404
