@@ -102,14 +102,21 @@ def run_search(
 ) -> RunSearchPage:
     """One keyset page of the runs of these projects that match, in the asked order (then the
     newest start, then id); each run with its project and deadline (2 queries: the sort over
-    narrow rows, then the page's runs whole). QueryError names
+    narrow rows, then the page's runs whole; a filtered page may first look among the newest
+    rows of its order, one query more). QueryError names
     what in the filter or order is wrong, and where."""
     compiled = run_search_compiled(projects=projects, where=where)
+    unfiltered = None
+    if where.text.strip() or _quick(where):
+        order = query.parse_order_by([*where.order, DEFAULT_ORDER])
+        base = Run.objects.filter(project__in=projects)
+        unfiltered = query.compile_search(base, RUNS, [], order)
     runs, cursor = query.keyset_page(
         compiled,
         after=after,
         limit=min(limit, PAGE_SIZE_MAX),
         fetch=lambda pks: _runs_read().in_bulk(pks),
+        unfiltered=unfiltered,
     )
     return RunSearchPage(runs=runs, next_cursor=cursor)
 

@@ -135,11 +135,13 @@ def test_sorting_on_a_metric_puts_nan_then_missing_last_both_ways(
     assert names(project, order=["params.lr DESC"]) == ["e", "d", "c", "a", "b"]
 
 
-def _all_pages(project: Project, order: list[str], limit: int) -> tuple[list[str], int]:
+def _all_pages(
+    project: Project, order: list[str], limit: int, text: str = ""
+) -> tuple[list[str], int]:
     seen, after, pages = [], None, 0
     while True:
         page = explorer.run_search(
-            projects=[project], where=RunFilter(order=order), after=after, limit=limit
+            projects=[project], where=RunFilter(text=text, order=order), after=after, limit=limit
         )
         seen += [r.name for r in page.runs]
         pages += 1
@@ -247,3 +249,33 @@ def test_not_equal_on_a_metric_reads_only_that_key(project: Project) -> None:
     assert names(project, "metrics.loss != 2") == ["x"]
     assert names(project, "metrics.loss != 2 and metrics.acc > 1") == ["x"]
     assert names(project, "metrics.loss < 3", ["metrics.acc DESC"]) == ["x", "y"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("probe", [1, 4, 1000])
+@pytest.mark.parametrize(
+    "order", [[], ["metrics.loss ASC"], ["metrics.loss DESC"], ["params.lr DESC"]]
+)
+def test_a_filtered_view_pages_alike_whether_its_probe_finds_enough_or_not(
+    project: Project, order: list[str], probe: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A filtered page first looks among the first `probe` rows of the unfiltered order: with 1
+    # it never finds a page there, with 4 some pages, with 1000 every one.
+    from tracker.query import paging
+
+    monkeypatch.setattr(paging, "PROBE_ROWS", probe)
+    for i in range(13):
+        metrics = {} if i % 4 == 0 else {"loss": math.nan if i % 5 == 0 else float(i % 3)}
+        config = {"lr": str(i % 2)} if i % 3 else {}
+        make(
+            project,
+            f"r{i:02}",
+            day=i // 3,
+            metrics=metrics,
+            config=config,
+            tags=["team:nlp"] if i % 2 else ["team:cv"],
+        )
+    where = RunFilter(text="tags.team = 'nlp'", order=order)
+    whole = [r.name for r in explorer.run_search_compiled(projects=[project], where=where).rows]
+    seen, pages = _all_pages(project, order, limit=2, text="tags.team = 'nlp'")
+    assert seen == whole and len(whole) == 6 and pages == 3

@@ -45,12 +45,17 @@ def page(queryset: QuerySet[Any], *, token: str | None, limit: int) -> tuple[lis
 # --- keyset pages: the next page starts after the last row read, whatever its offset ---------
 
 
+# How many rows of the unfiltered order a filtered page first looks among (`unfiltered`).
+PROBE_ROWS = 5_000
+
+
 def keyset_page(
     compiled: Compiled,
     *,
     after: str | None,
     limit: int,
     fetch: Callable[[list[Any]], dict[Any, Any]] | None = None,
+    unfiltered: Compiled | None = None,
 ) -> tuple[list[Any], str | None]:
     """One page of at most `limit` rows after the row a cursor names, and the cursor of the
     next page, if any. The cursor holds that row's sort values, so the page is one indexed
@@ -58,13 +63,16 @@ def keyset_page(
 
     With `fetch` (tie values -> rows by tie value), the sort reads the sort values alone and
     `fetch` reads the page's rows whole (2 queries): a sort that cannot use an index (a
-    metric's) then orders narrow tuples, not every candidate's JSON config and joined rows."""
+    metric's) then orders narrow tuples, not every candidate's JSON config and joined rows.
+
+    With `unfiltered` (the same order without the filter), the page is first looked for among
+    the first PROBE_ROWS rows of that order, which its index reads in order: the matches there
+    are the filtered order's first rows. PostgreSQL has no statistics for a JSON param or a
+    tag regex, guesses that almost nothing matches, and scans and sorts every run rather than
+    walk the index to the 51st match (bench/runs_page.py); only when the probe finds too few
+    does the full query run."""
     names = [c.name for c in compiled.columns]
-    rows, past_values = compiled.rows, False
-    if after:
-        decoded = _cursor_decode(after, compiled.columns)
-        rows = rows.filter(_after(compiled.columns, decoded))
-        past_values = decoded[0] is None
+    decoded = _cursor_decode(after, compiled.columns) if after else None
 
     def read(qs: QuerySet[Any], n: int) -> list[Any]:
         if n <= 0:
@@ -73,17 +81,16 @@ def keyset_page(
             return list(qs[:n])
         return [list(v) for v in qs.values_list(*names)[:n]]
 
-    first = compiled.columns[0]
-    if first.nullable and not past_values:
-        # The rows with a first value sort before those without (NULLS LAST): read them first,
-        # as a query of their own that an index on that value serves in order (a metric's
-        # (key, value) index: 51 index entries, not a hash join of every run), then the rest.
-        has_value = Q(**{f"{first.name}__isnull": False})
-        head = rows.filter(has_value).order_by(*compiled.order(first_has_values=True))
-        got = read(head, limit + 1)
-        got += read(rows.filter(**{f"{first.name}__isnull": True}), limit + 1 - len(got))
-    else:
-        got = read(rows, limit + 1)
+    got = None
+    if unfiltered is not None:
+        candidates = _in_order(unfiltered, decoded, head_only=True)
+        tie = unfiltered.columns[-1].name
+        within = _in_order(compiled, decoded, head_only=False).filter(
+            **{f"{names[-1]}__in": candidates.values(tie)[:PROBE_ROWS]}
+        )
+        got = read(within, limit + 1)
+    if got is None or len(got) <= limit:
+        got = _segmented(compiled, decoded, read, limit + 1)
     if fetch is None:
         found, values = got, [[getattr(row, name) for name in names] for row in got]
     else:
@@ -92,6 +99,41 @@ def keyset_page(
         found = [by_tie[v[-1]] for v in values[:limit] if v[-1] in by_tie]
     cursor = _cursor_encode(values[limit - 1]) if len(values) > limit else None
     return found[:limit], cursor
+
+
+def _past_values(compiled: Compiled, decoded: list[Any] | None) -> bool:
+    """Whether the first sort term has no value here (NULLS LAST), or the cursor is past them."""
+    return not compiled.columns[0].nullable or (decoded is not None and decoded[0] is None)
+
+
+def _in_order(compiled: Compiled, decoded: list[Any] | None, *, head_only: bool) -> QuerySet[Any]:
+    """The rows after the cursor in order; `head_only`: only those with a first sort value,
+    ordered so that an index on it serves (see _segmented), unless the order has no NULLs."""
+    rows = compiled.rows
+    if decoded is not None:
+        rows = rows.filter(_after(compiled.columns, decoded))
+    if head_only and not _past_values(compiled, decoded):
+        first = compiled.columns[0].name
+        rows = rows.filter(**{f"{first}__isnull": False})
+        rows = rows.order_by(*compiled.order(first_has_values=True))
+    return rows
+
+
+def _segmented(
+    compiled: Compiled,
+    decoded: list[Any] | None,
+    read: Callable[[QuerySet[Any], int], list[Any]],
+    n: int,
+) -> list[Any]:
+    """The first n rows after the cursor. The rows with a first sort value sort before those
+    without (NULLS LAST): they are read first, as a query of their own that an index on that
+    value serves in order (a metric's (key, value) index: 51 index entries, not a hash join of
+    every run), then the rest."""
+    if _past_values(compiled, decoded):
+        return read(_in_order(compiled, decoded, head_only=False), n)
+    got = read(_in_order(compiled, decoded, head_only=True), n)
+    rest = _in_order(compiled, decoded, head_only=False)
+    return got + read(rest.filter(**{f"{compiled.columns[0].name}__isnull": True}), n - len(got))
 
 
 def _after(columns: list[SortColumn], values: list[Any]) -> Q:
