@@ -81,7 +81,8 @@ def keyset_page(
             return list(qs[:n])
         return [list(v) for v in qs.values_list(*names)[:n]]
 
-    got, complete = None, False
+    got: list[Any] = []
+    complete = False
     if unfiltered is not None:
         # The candidates' ids as a list, not a subquery: PostgreSQL met `IN (subquery)` with
         # the subquery re-read for each of 100,000 runs when the indexes were missing (13 s).
@@ -93,6 +94,7 @@ def keyset_page(
         complete = len(got) > limit
     if not complete:
         got = _segmented(compiled, decoded, read, limit + 1)
+    values: list[list[Any]]
     if fetch is None:
         found, values = got, [[getattr(row, name) for name in names] for row in got]
     else:
