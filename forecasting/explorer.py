@@ -135,11 +135,17 @@ class DeadlineRuns:
 
     @property
     def made_it(self) -> int:
-        return sum(1 for r in self.rows if (end_margin_s(r.run) or -1.0) >= 0)
+        return sum(1 for m in self._margins if m >= 0)
 
     @property
     def missed(self) -> int:
-        return sum(1 for r in self.rows if (end_margin_s(r.run) or 0.0) < 0)
+        return sum(1 for m in self._margins if m < 0)
+
+    @property
+    def _margins(self) -> list[float]:
+        """Each finished run's margin at its end (forecasting.board.end_margin_s)."""
+        margins = (end_margin_s(r.run) for r in self.rows)
+        return [m for m in margins if m is not None]
 
 
 def deadline_page(*, projects: list[Project], now: datetime) -> list[DeadlineRuns]:

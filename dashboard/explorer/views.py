@@ -294,21 +294,18 @@ def _csv_header(table: RunsTable) -> list[str]:
 
 def _csv_row(row: TableRow, table: RunsTable) -> list[Any]:
     run, view = row.run, row.view
-    experiment = getattr(getattr(run, "mlflow", None), "experiment", None)
-    user = run.created_by_token.created_by if run.created_by_token else None
-    ended = run.ended_at
     out: list[Any] = [
         run.project.slug,
         run.public_id,
         str(run),
         run.status,
-        experiment.name if experiment else "",
+        row.experiment,
         " ".join(run.tags or []),
         " ".join(run.hosts or []),
-        user.get_username() if user else "",
+        row.user,
         run.started_at.isoformat(),
-        ended.isoformat() if ended else "",
-        round(((ended or run.last_seen_at) - run.started_at).total_seconds()),
+        run.ended_at.isoformat() if run.ended_at else "",
+        round(row.duration_s),
         run.last_step if run.last_step is not None else "",
         run.deadline.slug if run.deadline else "",
         _iso(view.finish[1]) if view.finish else "",
