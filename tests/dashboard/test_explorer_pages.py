@@ -115,6 +115,7 @@ def test_a_live_run_shows_its_odds_and_an_ended_one_its_outcome(
     deadlines = client.get("/projects/llm/deadlines/").content.decode()
     assert "NeurIPS" in deadlines and "missed by 3 h" in deadlines and "73%" in deadlines
     assert "2.25" in deadlines  # its final loss
+    assert "1 missed" in deadlines and "made it</b>" not in deadlines
 
 
 def test_the_page_s_queries_do_not_grow_with_its_runs(client: Any, project: Project) -> None:
