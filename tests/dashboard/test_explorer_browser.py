@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.dashboard.factories import listed_run as make
 from tests.dashboard.test_browser import CHROMIUM, bare_page, browser  # noqa: F401
-from tests.tracker.test_explorer import make
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

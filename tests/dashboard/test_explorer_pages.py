@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from forecasting.models import Forecast
 from tests.dashboard import factories
-from tests.tracker.test_explorer import make
+from tests.dashboard.factories import listed_run as make
 from tracker.models import Deadline, Project, Run
 
 pytestmark = pytest.mark.django_db

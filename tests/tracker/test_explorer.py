@@ -5,44 +5,16 @@ keyset pages that add up to the whole sorted view."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.dashboard.factories import listed_run as make
 from tracker import explorer, query
 from tracker.explorer import RunFilter
-from tracker.models import LatestMetric, Project, Run
-
-T0 = datetime(2026, 11, 1, 12, tzinfo=UTC)
-
-
-def make(
-    project: Project,
-    name: str,
-    *,
-    day: int = 0,
-    status: str = Run.Status.FINISHED,
-    tags: list[str] | None = None,
-    config: dict[str, object] | None = None,
-    metrics: dict[str, float] | None = None,
-) -> Run:
-    run = Run.objects.create(
-        project=project,
-        public_id=name,
-        name=name,
-        status=status,
-        started_at=T0 + timedelta(days=day),
-        tags=tags or [],
-        config=config or {},
-    )
-    for key, value in (metrics or {}).items():
-        nan = math.isnan(value)
-        LatestMetric.objects.create(
-            run=run, key=key, value=None if nan else value, is_nan=nan, step=1, timestamp_ms=0
-        )
-    return run
+from tracker.models import Project, Run
 
 
 def names(
