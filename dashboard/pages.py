@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from forecasting.board import Board, RunView, board_arrange, board_deadlines, board_runs
+from forecasting.board import (
+    RECENT_END,
+    Board,
+    RunView,
+    board_arrange,
+    board_deadlines,
+    board_runs,
+)
 from forecasting.gpu import selectors as gpu_selectors
 from forecasting.models import Flag, Forecast
 from forecasting.selectors import (
@@ -29,6 +36,7 @@ from forecasting.selectors import (
     outlook_for_run,
 )
 from tracker import rank_timings
+from tracker.explorer import deadline_list_past
 from tracker.models import Host, Run
 from tracker.selectors import (
     Marker,
@@ -41,17 +49,22 @@ from tracker.selectors import (
 
 # --- the board -------------------------------------------------------------------------------
 
+# Past deadlines listed under the board (the deadline page lists every one).
+PAST_SHOWN = 10
+
 
 def board_for_user(*, user: Any, now: datetime) -> Board:
-    """The deadline board of every project the user belongs to (7 queries with session/user)."""
+    """The deadline board of every project the user belongs to (8 queries with session/user)."""
     memberships = membership_list_for_user(user=user)
     projects = [m.project for m in memberships]
-    return board_arrange(
+    board = board_arrange(
         now=now,
         memberships=memberships,
         runs=board_runs(projects=projects, now=now),
         deadlines=board_deadlines(projects=projects, now=now),
     )
+    board.past = deadline_list_past(projects=projects, before=now - RECENT_END, limit=PAST_SHOWN)
+    return board
 
 
 # The board links the GPU hosts an agent reported from within this long.

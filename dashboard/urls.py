@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from dashboard import views
+from dashboard.explorer import views as explorer_views
 from dashboard.gpu import views as gpu_views
 from dashboard.project_settings import views as settings_views
 from dashboard.team import views as team_views
@@ -21,6 +22,17 @@ urlpatterns = [
     path(f"{run}overview.json", views.run_overview, name="run-overview"),
     path(f"{run}ranks.json", views.run_ranks, name="run-ranks"),
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
+    path("projects/<slug:project>/runs/", explorer_views.runs_page, name="runs"),
+    path("projects/<slug:project>/runs.csv", explorer_views.runs_csv, name="runs-csv"),
+    path("projects/<slug:project>/runs/views/", explorer_views.view_save, name="view-save"),
+    path(
+        "projects/<slug:project>/runs/views/<int:view_id>/delete/",
+        explorer_views.view_delete,
+        name="view-delete",
+    ),
+    path("projects/<slug:project>/deadlines/", explorer_views.deadlines_page, name="deadlines"),
+    path("runs/", explorer_views.runs_page, name="runs-all"),
+    path("runs.csv", explorer_views.runs_csv, name="runs-all-csv"),
     path("hosts/<slug:project>/<str:host>/", gpu_views.host_page, name="host"),
     path(settings, settings_views.settings_page, name="settings"),
     path(f"{settings}project/", settings_views.settings_project, name="settings-project"),

@@ -219,6 +219,11 @@ def compare(request: HttpRequest, project: str) -> HttpResponse:
     membership = membership_for(user=request.user, project_slug=project)
     chosen = request.GET.getlist("run")[:8]
     runs = list(selectors.run_list(project=membership.project)[:200])
+    # Runs chosen on the explorer may be older than the picker's newest 200.
+    listed = {r.public_id for r in runs}
+    runs += selectors.run_list(project=membership.project).filter(
+        public_id__in=[c for c in chosen if c not in listed]
+    )
     slug = membership.project.slug
     picked = [
         {

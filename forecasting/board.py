@@ -9,7 +9,7 @@ dashboard.presenters'.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -154,6 +154,8 @@ class Board:
     memberships: list[Membership]
     lanes: list[DeadlineLane]
     unscheduled: list[RunView]
+    # Cutoffs older than the lanes keep (RECENT_END), newest first: listed under the board.
+    past: list[Deadline] = field(default_factory=list)
 
     @property
     def run_count(self) -> int:

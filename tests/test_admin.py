@@ -21,6 +21,7 @@ from tracker import invitations
 from tracker.admin import ReadOnlyAdmin
 from tracker.models import ApiToken, GpuEpisode, Host, Invitation, Membership, Project, Run
 from tracker.project_settings.services import deadline_create
+from tracker.saved_views import saved_view_save
 
 pytestmark = pytest.mark.django_db
 
@@ -112,6 +113,7 @@ def data(
     deadline_create(
         project=project, name="Blind eval", cutoff=datetime(2031, 1, 1, tzinfo=UTC), timezone="UTC"
     )
+    saved_view_save(project=project, user=owner, name="lr sweep", query="q=params.lr+%3D+%271%27")
     Forecast.objects.create(run=run, kind=Forecast.Kind.ETA, segment=1, input_last_step=3)
     ConditionReading.objects.create(
         run=run, segment=1, second=1_700_000_000, computed_at=run.started_at, found=["rise"]

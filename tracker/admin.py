@@ -34,6 +34,7 @@ from tracker.models import (
     Run,
     RunProcess,
     RunSegment,
+    SavedView,
 )
 from tracker.services import token_revoke
 
@@ -172,6 +173,14 @@ class DeadlineAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # Trainers refer to the slug in runcast.init(deadline=...).
         return ("slug",) if obj is not None else ()
+
+
+@admin.register(SavedView)
+class SavedViewAdmin(admin.ModelAdmin):
+    # A runs explorer view: its query string is the view (filter, sort, columns, group).
+    list_display = ("name", "project", "query", "created_by", "created_at")
+    list_filter = ("project",)
+    search_fields = ("name", "project__slug", "query")
 
 
 class SegmentInline(admin.TabularInline):

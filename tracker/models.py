@@ -194,6 +194,12 @@ class Run(models.Model):
         indexes = [
             # The sweeper and the board list a project's active runs.
             models.Index(fields=["status", "last_seen_at"], name="run_status_seen_idx"),
+            # The runs explorer's default order (tracker.explorer: newest start, then id): its
+            # first page reads 51 index entries, not a project's 100,000 runs
+            # (bench/runs_page.py).
+            models.Index(
+                F("project"), F("started_at").desc(), F("id"), name="run_project_started_idx"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -374,9 +380,38 @@ class LatestMetric(models.Model):
             # Also the index of the per-run, per-key subqueries of tracker.query.
             models.UniqueConstraint(fields=["run", "key"], name="latest_metric_unique_key"),
         ]
+        indexes = [
+            # One key's rows across runs, by value: a filter or sort on a metric (tracker.query's
+            # join on (run, key)) reads them from the index alone (bench/runs_page.py).
+            models.Index(
+                fields=["key", "value"], include=["run", "is_nan"], name="latest_metric_value_idx"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.key} = {self.value} at step {self.step}"
+
+
+class SavedView(models.Model):
+    """A runs explorer view a member named for the project: its query string (filter, sort,
+    columns, group), which is the whole state of the view (dashboard/explorer)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="saved_views")
+    name = models.CharField(max_length=100)
+    query = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="saved_view_unique_name")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.project}/{self.name}"
 
 
 class Event(models.Model):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import math
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from forecasting.conditions import Condition, Ending
 from forecasting.flags import flags_close, flags_sync
 from forecasting.models import Flag, Forecast
-from tracker.models import Deadline, Project, Run
+from tracker.models import Deadline, LatestMetric, Project, Run
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_finish, run_start
 
 T0 = 1.7e9
@@ -183,4 +184,37 @@ def ended_inside(
         text = f"Loss recovered from the blow-up at step {onset:,}: back at its level before it."
         ending = Ending(text, {"episode": {"state": "recovered"}})
     flags_close(run=run, reason=f"the run {status}", now=at, resolutions={kind: ending})
+    return run
+
+
+# When the explorer's runs start (day 0); days count from it.
+EXPLORER_T0 = datetime(2026, 11, 1, 12, tzinfo=UTC)
+
+
+def listed_run(
+    project: Project,
+    name: str,
+    *,
+    day: int = 0,
+    status: str = Run.Status.FINISHED,
+    tags: list[str] | None = None,
+    config: dict[str, object] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> Run:
+    """A run as the explorer lists it, written directly: its tags, config and the latest value
+    of each metric (a NaN as the write path stores one), no points."""
+    run = Run.objects.create(
+        project=project,
+        public_id=name,
+        name=name,
+        status=status,
+        started_at=EXPLORER_T0 + timedelta(days=day),
+        tags=tags or [],
+        config=config or {},
+    )
+    for key, value in (metrics or {}).items():
+        nan = math.isnan(value)
+        LatestMetric.objects.create(
+            run=run, key=key, value=None if nan else value, is_nan=nan, step=1, timestamp_ms=0
+        )
     return run

@@ -13,24 +13,22 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import (
     Case,
-    Exists,
-    Expression,
     F,
+    FilteredRelation,
     FloatField,
     OrderBy,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
     TextField,
     Value,
     When,
@@ -39,8 +37,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from tracker.limits import echo
-from tracker.models import LatestMetric
-from tracker.query.parse import Comparison, OrderKey, QueryError
+from tracker.query.parse import Comparison, OrderKey, QueryError, at
 
 
 class Kind(enum.Enum):
@@ -54,6 +51,9 @@ class Kind(enum.Enum):
 class Attribute:
     path: str
     kind: Kind = Kind.TEXT
+    # A column that is never NULL sorts without NULLS LAST, so that a plain index serves it
+    # (PostgreSQL reads an index in NULLS LAST order only if it was built so).
+    nullable: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class Schema:
     attributes: Mapping[str, Attribute]
     aliases: Mapping[str, str] = field(default_factory=dict)
     tags: str | None = None  # path of a JSON object of tag -> value
+    # Tags as a JSON list of labels instead (Runcast's own runs): "team:nlp" or "team=nlp" is the
+    # tag `team` with the value `nlp`, a bare "baseline" the tag `baseline` with the value ''.
+    tag_labels: bool = False
     params: str | None = None  # path of a JSON object of param -> value
     metrics: str | None = None  # path of the Run whose LatestMetric rows are the metrics
     tie: str = "pk"  # the last sort key, unique, so that pages never overlap
@@ -78,11 +81,38 @@ _MAX_MS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(millisecond
 class _Aliases:
     """Fresh alias names for one compilation (a key may appear in several comparisons)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "_rq") -> None:
+        self._prefix = prefix
         self._n = itertools.count()
+        # One join per metric key, shared by its comparisons and its sort: a filter on the key
+        # then makes the join an inner one that its (key, value) index can drive.
+        self.metric_joins: dict[str, str] = {}
 
     def __call__(self) -> str:
-        return f"_rq{next(self._n)}"
+        return f"{self._prefix}{next(self._n)}"
+
+
+@dataclass(frozen=True)
+class SortColumn:
+    """One ORDER BY term of a compiled search: an annotation of the queryset, so that a page's
+    last row carries the values its keyset cursor holds (tracker.query.paging)."""
+
+    name: str
+    ascending: bool
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class Compiled:
+    rows: QuerySet[Any]
+    columns: list[SortColumn]
+
+    def order(self, *, first_has_values: bool = False) -> list[OrderBy]:
+        """The ORDER BY terms; `first_has_values`: for rows whose first term is never NULL,
+        which then sorts without NULLS LAST, so that an index on it serves either direction
+        (PostgreSQL scans an ASC index backwards as DESC NULLS FIRST only)."""
+        first = replace(self.columns[0], nullable=False) if first_has_values else self.columns[0]
+        return [_direction(c) for c in [first, *self.columns[1:]]]
 
 
 def apply(
@@ -90,15 +120,37 @@ def apply(
 ) -> QuerySet[Any]:
     """The queryset narrowed to the rows matching every comparison, sorted by `order` and then
     by the schema's tie-break. Raises QueryError for an entity, key or operator not allowed."""
+    return compile_search(queryset, schema, comparisons, order).rows
+
+
+def compile_search(
+    queryset: QuerySet[Any], schema: Schema, comparisons: list[Comparison], order: list[OrderKey]
+) -> Compiled:
+    """As `apply`, with the sort's terms named: every one is selected (an annotation), the
+    schema's tie-break last, so that a keyset page can continue after a row."""
     names = _Aliases()
     for c in comparisons:
-        queryset, condition = _condition(queryset, schema, c, names)
+        try:
+            queryset, condition = _condition(queryset, schema, c, names)
+        except QueryError as exc:
+            raise at(exc, c) from None
         queryset = queryset.filter(condition)
-    sort: list[Expression | str] = []
+    columns: list[SortColumn] = []
     for key in order:
         queryset, keys = _sort(queryset, schema, key, names)
-        sort += keys
-    return queryset.order_by(*sort, schema.tie)
+        columns += keys
+    tie = names()
+    queryset = queryset.annotate(**{tie: F(schema.tie)})
+    columns.append(SortColumn(tie, ascending=True, nullable=False))
+    return Compiled(queryset.order_by(*(_direction(c) for c in columns)), columns)
+
+
+def metric_value(qs: QuerySet[Any], schema: Schema, key: str) -> tuple[QuerySet[Any], str]:
+    """The queryset joined to each row's latest `key` (LEFT JOIN), and the path of its value
+    (NULL for a NaN or no metric): what an aggregate over a metric reads. Its aliases are its
+    own, so it joins a queryset another compilation made."""
+    qs, value, _nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key, _Aliases("_rm"))
+    return qs, value
 
 
 def _entity_path(schema: Schema, entity: str) -> str:
@@ -139,6 +191,9 @@ def _condition(
     path = _entity_path(schema, c.entity)
     if c.entity == "metrics":
         return _metric(qs, path, c, names)
+    if c.entity == "tags" and schema.tag_labels:
+        name = names()
+        return qs.alias(**{name: Cast(F(path), TextField())}), _label(name, c)
     name = names()
     qs = qs.alias(**{name: _json_text(c.key, path)})
     return _text(qs, name, c, names)
@@ -172,6 +227,60 @@ def _text(qs: QuerySet[Any], name: str, c: Comparison, names: _Aliases) -> tuple
         raise QueryError(f"{c.entity}.{echo(c.key)}: strings compare with =, !=, LIKE, ILIKE or IN")
     equal = Q(**{name: Value(c.value, output_field=TextField())})
     return qs, equal if c.op == "=" else present & ~equal
+
+
+# One character of a JSON string as stored: plain, \uXXXX, or another backslash escape.
+_JSON_CHAR = r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\.)'
+
+
+def _label(name: str, c: Comparison) -> Q:
+    """A comparison on a tag kept as a label, matched on the list's JSON text: a regex that
+    spans one whole string element, so `team` never matches inside "my-team:nlp"."""
+    if isinstance(c.value, float) or c.op in ("<", "<=", ">", ">="):
+        raise QueryError(
+            f"tags.{echo(c.key)}: tags are labels and compare with =, !=, LIKE, ILIKE, IN "
+            "or IS [NOT] NULL, with a quoted string"
+        )
+    key = _json_literal(c.key)
+
+    def element(value: str | None) -> str:
+        # `value` is a regex of the part after the separator; None: any value or none.
+        body = f"{key}(?:[:=]{_JSON_CHAR}*)?" if value is None else f"{key}[:=]{value}"
+        if value == "":
+            body = f"{key}(?:[:=])?"
+        return rf'(^|[\[,])\s*"{body}"\s*(,|\])'
+
+    present = Q(**{f"{name}__regex": element(None)})
+    if c.op in ("IS NULL", "IS NOT NULL"):
+        return ~present if c.op == "IS NULL" else present
+    if c.op in ("LIKE", "ILIKE"):
+        pattern = "".join(
+            f"{_JSON_CHAR}*" if ch == "%" else _JSON_CHAR if ch == "_" else _json_literal(ch)
+            for ch in str(c.value)
+        )
+        return Q(**{f"{name}__{'regex' if c.op == 'LIKE' else 'iregex'}": element(pattern)})
+    values = c.value if isinstance(c.value, tuple) else (str(c.value),)
+    if not values:
+        inside = Q(pk__in=[])
+    else:
+        either = "|".join(_json_literal(v) for v in values)
+        inside = Q(**{f"{name}__regex": element(f"(?:{either})")})
+        if "" in values:
+            inside |= Q(**{f"{name}__regex": element("")})
+    return inside if c.op in ("=", "IN") else present & ~inside
+
+
+def _json_literal(text: str) -> str:
+    """A regex of `text` as a JSON string body stores it: PostgreSQL's jsonb keeps non-ASCII
+    characters as they are, Django's JSON on SQLite writes them as \\uXXXX; both match."""
+    out = []
+    for ch in text:
+        kept = json.dumps(ch, ensure_ascii=False)[1:-1]
+        ascii_ = json.dumps(ch)[1:-1]
+        out.append(
+            re.escape(kept) if kept == ascii_ else f"(?:{re.escape(kept)}|{re.escape(ascii_)})"
+        )
+    return "".join(out)
 
 
 def _like_regex(pattern: str) -> str:
@@ -227,15 +336,16 @@ def _at(ms: float) -> datetime:
 def _metric_aliases(
     qs: QuerySet[Any], run_path: str, key: str, names: _Aliases
 ) -> tuple[QuerySet[Any], str, str]:
-    rows = LatestMetric.objects.filter(run=OuterRef(run_path), key=key)
-    value, nan = names(), names()
-    qs = qs.alias(
-        **{
-            value: Subquery(rows.values("value")[:1], output_field=FloatField()),
-            nan: Exists(rows.filter(is_nan=True)),
-        }
-    )
-    return qs, value, nan
+    """The run's latest value of `key` and whether it is a NaN, read through a LEFT JOIN on
+    (run, key) rather than two subqueries per row: PostgreSQL hash-joins the key's rows once,
+    where a correlated subquery probed the index for each of 100,000 runs (bench/runs_page.py)."""
+    relation = "latest_metrics" if run_path == "pk" else f"{run_path}__latest_metrics"
+    joined = names.metric_joins.get(key)
+    if joined is None:
+        joined = names.metric_joins[key] = names()
+        on_key = FilteredRelation(relation, condition=Q(**{f"{relation}__key": key}))
+        qs = qs.alias(**{joined: on_key})
+    return qs, f"{joined}__value", f"{joined}__is_nan"
 
 
 def _metric(
@@ -249,28 +359,35 @@ def _metric(
 
 def _sort(
     qs: QuerySet[Any], schema: Schema, key: OrderKey, names: _Aliases
-) -> tuple[QuerySet[Any], list[Expression | str]]:
+) -> tuple[QuerySet[Any], list[SortColumn]]:
     if key.entity == "metrics":
         qs, value, nan = _metric_aliases(qs, _entity_path(schema, "metrics"), key.key, names)
-        rank = names()
+        number, is_nan = names(), names()
         # MLflow's order: numbers, then NaN, then runs without the metric, in either direction.
-        qs = qs.alias(
-            **{
-                rank: Case(
-                    When(Q(**{nan: True}), then=Value(1)),
-                    When(Q(**{f"{value}__isnull": True}), then=Value(2)),
-                    default=Value(0),
-                )
-            }
-        )
-        return qs, [rank, _direction(value, key.ascending)]
+        # A NaN's value is NULL (numbers first, NULLS LAST) and among the NULLs is_nan sorts
+        # true (a NaN) before NULL (no row: no metric); plain columns, so no CASE per row.
+        qs = qs.annotate(**{number: F(value), is_nan: F(nan)})
+        return qs, [
+            SortColumn(number, key.ascending),
+            SortColumn(is_nan, ascending=False),
+        ]
     if key.entity == "attributes":
-        expression: Any = F(_attribute(schema, key.key).path)
-    else:
-        expression = _json_text(key.key, _entity_path(schema, key.entity))
+        attribute = _attribute(schema, key.key)
+        name = names()
+        qs = qs.annotate(**{name: F(attribute.path)})
+        return qs, [SortColumn(name, key.ascending, nullable=attribute.nullable)]
+    if key.entity == "tags" and schema.tag_labels:
+        raise QueryError(f"{schema.noun} are not sorted by a tag")
     name = names()
-    return qs.alias(**{name: expression}), [_direction(name, key.ascending)]
+    expression = _json_text(key.key, _entity_path(schema, key.entity))
+    return qs.annotate(**{name: expression}), [SortColumn(name, key.ascending)]
 
 
-def _direction(name: str, ascending: bool) -> OrderBy:
-    return F(name).asc(nulls_last=True) if ascending else F(name).desc(nulls_last=True)
+def _direction(column: SortColumn) -> OrderBy:
+    if not column.nullable:
+        return F(column.name).asc() if column.ascending else F(column.name).desc()
+    return (
+        F(column.name).asc(nulls_last=True)
+        if column.ascending
+        else F(column.name).desc(nulls_last=True)
+    )

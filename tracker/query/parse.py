@@ -14,7 +14,7 @@ Anything else raises QueryError naming the text not understood and its position.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tracker.limits import echo
 
@@ -62,6 +62,9 @@ class Comparison:
     key: str
     op: str  # =, !=, <, <=, >, >=, LIKE, ILIKE, IN, NOT IN, IS NULL, IS NOT NULL
     value: Value  # str or float; a tuple of str for IN; None for IS [NOT] NULL
+    # Where the comparison starts in the filter text, so that an error found while compiling
+    # (a key the schema does not have) points at it as a parse error does; not part of equality.
+    position: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -162,12 +165,17 @@ def parse(text: str | None, *, default_entity: str = "attributes") -> list[Compa
     reader.skip_space()
     out: list[Comparison] = []
     while not reader.at_end():
+        start = reader.pos
         entity, key = identifier(reader.key(), default_entity=default_entity)
         op_match = reader.take(_OP)
         if op_match is None:
             raise reader.fail("could not parse")
         op = re.sub(r"\s+", " ", op_match.group().upper())
-        out.append(_checked(Comparison(entity, key, op, reader.value(op))))
+        comparison = Comparison(entity, key, op, reader.value(op), position=start)
+        try:
+            out.append(_checked(comparison))
+        except QueryError as exc:
+            raise at(exc, comparison) from None
         if reader.at_end():
             break
         if reader.take(_AND) is None:
@@ -175,6 +183,13 @@ def parse(text: str | None, *, default_entity: str = "attributes") -> list[Compa
         if reader.at_end():
             raise reader.fail("expected a comparison after AND")
     return out
+
+
+def at(exc: QueryError, c: Comparison) -> QueryError:
+    """The error pointing at the comparison it is about, unless it points somewhere already."""
+    if exc.position is not None or c.position is None:
+        return exc
+    return QueryError(f"{exc} (position {c.position})", position=c.position)
 
 
 def _checked(c: Comparison) -> Comparison:
