@@ -174,7 +174,9 @@ def test_a_foreign_burst_alerts_once_and_a_logged_eval_does_not(
     assert "sweep.py" in html
     assert html.count('class="episode unexplained"') == 1
     # The page writes the burst's time, and its window, in the viewer's zone.
-    assert html.count('<time data-fmt="when" datetime=') == 1 and "CST" not in html
+    # Both stored times in the viewer's zone: the burst's, and that of the eval which explains
+    # the other episode ("explained (eval at ...)"); none in the project's.
+    assert html.count('<time data-fmt="when" datetime=') == 2 and "CST" not in html
     assert html.count('<time data-fmt="local" datetime=') >= 2
     assert 'class="event-tick"' in html
     # The run page's cost line splits the measured GPU time: the run's own vs the stranger's.
