@@ -116,3 +116,13 @@ def test_cli_json_last_line(small_set: Path, capsys: pytest.CaptureFixture[str])
     assert data["runs"] == 4 and data["seed"] == 1
     assert {"eta_ape_median", "eta_ape_p90", "eta_cover80", "faulted"} <= set(data)
     assert "[skip]" in out.err
+
+
+@needs_curves
+def test_cli_eta_only_skips_loss_and_divergence(
+    small_set: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([str(small_set), "--json", "--eta-only"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"p_on_time_ece", "p_on_time_brier", "p90_exceedance", "eta_cover80"} <= set(data)
+    assert not any(key.startswith("loss_") for key in data)
