@@ -95,6 +95,8 @@ def _score_run(family: str, steps: np.ndarray, times: np.ndarray) -> list[Score]
             actual=actual,
             p_on_time=p_on_time,
             p90=eta.wall_p90,
+            p10=eta.wall_p10,
+            p50=eta.wall_p50,
             points={name: float(pred) for name, pred in preds.items()},  # type: ignore[arg-type]
         )
         scores.append(score)
@@ -197,29 +199,43 @@ def _by_kind(odds: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
-def evaluate_eta(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
-    scored: dict[str, list[Score]] = {kind: [] for kind in KINDS}
-    timed = 0
-    interruptions = 0
-    faulted_runs = 0
+@dataclass
+class Scored:
+    """Every (run, cut-off) score of each timing kind, and what the cluster model injected."""
+
+    kinds: dict[str, list[Score]]
+    timed: int = 0
+    interruptions: int = 0
+    interrupted_runs: int = 0
+
+
+def score_kinds(runs: list[CurveRun], seed: int) -> Scored:
+    out = Scored(kinds={kind: [] for kind in KINDS})
     for run in runs:
         tl = run_timeline(run)
         if tl is None:
             continue
-        timed += 1
+        out.timed += 1
         steps, times = tl
         clean = _score_run(run.family, steps, times)
-        scored["real"].extend(clean)
+        out.kinds["real"].extend(clean)
         cs, ct, log = inject_cluster_faults(
             steps, times, gpus_for(run.file), cluster_rng(seed, run.file)
         )
-        interruptions += log.interruptions
-        faulted_runs += log.interruptions > 0
+        out.interruptions += log.interruptions
+        out.interrupted_runs += log.interruptions > 0
         # The forecast is deterministic: a run the cluster model left alone scores as real.
         untouched = log.interruptions == 0 and log.slowdown == 1.0
-        scored["realistic"].extend(clean if untouched else _score_run(run.family, cs, ct))
+        out.kinds["realistic"].extend(clean if untouched else _score_run(run.family, cs, ct))
         fs, ft, _ = inject_faults(steps, times, run_rng(seed, run.file))
-        scored["stress"].extend(_score_run(run.family, fs, ft))
+        out.kinds["stress"].extend(_score_run(run.family, fs, ft))
+    return out
+
+
+def evaluate_eta(runs: list[CurveRun], seed: int) -> tuple[dict, str]:
+    got = score_kinds(runs, seed)
+    scored, timed = got.kinds, got.timed
+    interruptions, faulted_runs = got.interruptions, got.interrupted_runs
     summary = {kind: summarise(scored[kind]) for kind in KINDS}
     odds = {
         kind: summarise_odds([sc.odds for sc in scored[kind] if sc.odds is not None], CUTOFFS)

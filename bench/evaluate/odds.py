@@ -48,6 +48,8 @@ class OddsCase:
     actual: float  # seconds actually left
     p_on_time: tuple[float, ...]  # Runcast's, one per U_SPREAD
     p90: float  # Runcast's wall P90 of the time left
+    p10: float = math.nan  # and its P10 and P50, kept for the bound (bench.evaluate.odds_bound)
+    p50: float = math.nan
     points: dict[str, float] = field(default_factory=dict)  # baseline point forecasts
 
 

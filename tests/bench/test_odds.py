@@ -154,3 +154,24 @@ def test_a_short_job_on_few_gpus_is_almost_never_interrupted() -> None:
     assert sum(log.interruptions for log in logs) == 0
     with pytest.raises(ValueError, match="gpus"):
         cf.inject_cluster_faults(steps, steps.copy(), 0, cf.cluster_rng(0, "z"))
+
+
+def test_the_bound_of_one_shape_per_cut_off() -> None:
+    from bench.evaluate.odds_bound import bound
+
+    # Every run ends at its median: the empirical shape is a point there, certain and right.
+    exact = [
+        OddsCase(family=f, half=h, cutoff=50, actual=100.0, p_on_time=(), p90=0.0, p50=100.0)
+        for f, h in (("a", "A"), ("b", "B"), ("c", "A"), ("d", "B"))
+    ]
+    out = bound(exact)
+    assert out["hindsight"]["p_on_time_ece"] == 0.0
+    assert out["cross_fitted"]["p_on_time_brier"] == 0.0
+    # Half the runs 50% late: one shape for all says 1/2 for the cutoffs between, right on
+    # average (calibrated) but a coin for each run (Brier).
+    late = [
+        OddsCase(family=f, half=h, cutoff=50, actual=a, p_on_time=(), p90=0.0, p50=100.0)
+        for f, h, a in (("a", "A", 100.0), ("b", "B", 150.0), ("c", "A", 150.0), ("d", "B", 100.0))
+    ]
+    hind = bound(late)["hindsight"]
+    assert hind["p_on_time_brier"] > 0.1 and hind["p_on_time_ece"] < 0.05
