@@ -179,7 +179,8 @@ def _odds_table(title: str, odds: dict[str, dict]) -> str:
             label = key if part == "all" else f"  half {part}"
             lines.append(f"{label:<28}" + "".join(_cell(row.get(str(c))) for c in CUTOFFS))
     names = odds.get("baseline", {})
-    lines.append(f"{'baseline':<28}" + "".join(f"{names.get(str(c), '-'):>9.9}" for c in CUTOFFS))
+    # Names cut to 8 characters, so neighbouring columns stay apart.
+    lines.append(f"{'baseline':<28}" + "".join(f" {names.get(str(c), '-'):>8.8}" for c in CUTOFFS))
     return "\n".join(lines)
 
 
