@@ -15,6 +15,9 @@ What is predicted, and why it is fair:
   family means.
 * Only (run, cut-off) pairs where every method gives a forecast count, so all methods are scored
   on the same questions.
+* Each run is scored three times (KINDS): as logged, with interruptions at cluster rates
+  (cluster_faults.py) and with today's stress faults (faults.py); every forecast is also asked
+  the P(on time) of cutoffs around the real finish (odds.py).
 """
 
 from __future__ import annotations
