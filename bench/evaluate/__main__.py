@@ -1,4 +1,5 @@
-"""`python -m bench.evaluate DIR [--json] [--seed N]`: score every forecaster on a run set.
+"""`python -m bench.evaluate DIR [--json] [--seed N] [--eta-only]`: score every forecaster on a
+run set.
 
 Prints the tables; with --json the last line is one JSON object with every figure (ETA here,
 loss and divergence from their own modules when those are installed).
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="run set: INDEX.csv, EVENTS.csv, runs/*.csv")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--seed", type=int, default=0, help="seed for injected faults")
+    parser.add_argument(
+        "--eta-only",
+        action="store_true",
+        help="the ETA and deadline odds only (seconds), not loss and divergence (minutes)",
+    )
     args = parser.parse_args(argv)
 
     runs = load_runs(args.directory)
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     fields, text = evaluate_eta(runs, args.seed)
     result.update(fields)
     print(text)
-    for module, name in OPTIONAL:
+    for module, name in () if args.eta_only else OPTIONAL:
         evaluator = _load_optional(module, name)
         if evaluator is None:
             continue

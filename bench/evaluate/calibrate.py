@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import zlib
 
 import numpy as np
 
 from bench.evaluate.eta_eval import CUTOFFS, cutoff_points
 from bench.evaluate.loss_eval import CUTOFFS as LOSS_CUTOFFS
 from bench.evaluate.loss_eval import loss_series
+from bench.evaluate.split import half_of
 from curveset import CurveRun, load_runs, run_timeline
 from forecasting.estimators.calibration import scale_at
 from forecasting.estimators.eta import forecast_eta
@@ -29,11 +29,6 @@ from forecasting.estimators.loss import forecast_loss, smoothed_level
 
 TARGET = 0.8
 Row = tuple[str, int, float, float]  # family, cut-off %, share of the run done, raw score
-
-
-def half_of(family: str) -> str:
-    """'A' (fits) or 'B' (held out): the split docs/forecasting.md has used throughout."""
-    return "A" if zlib.crc32(family.encode()) % 2 == 0 else "B"
 
 
 def _side(truth: float, lo: float, mid: float, hi: float) -> float:

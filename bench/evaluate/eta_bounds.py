@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.evaluate.calibrate import half_of
 from bench.evaluate.eta_eval import CUTOFFS, cutoff_points
 from bench.evaluate.faults import inject_faults, run_rng
+from bench.evaluate.split import half_of
 from curveset import load_runs, run_timeline
 from forecasting.estimators.eta import forecast_eta
 

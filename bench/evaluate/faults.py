@@ -37,7 +37,7 @@ def run_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
-def _slowdown(s: np.ndarray, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+def slowdown(s: np.ndarray, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     if rng.random() >= 0.5:
         return t, 1.0
     factor = float(rng.uniform(1.05, 1.30))
@@ -58,9 +58,17 @@ def _restart(
     span_s = float(s.max() - s.min())
     i = int(np.searchsorted(t, t[0] + rng.uniform(0.05, 0.95) * span_t))
     i = min(max(i, 2), s.size - 1)
-    reached = float(s[i - 1])
-    ckpt = max(float(s[0]), reached - _log_uniform(rng, 0.01, 0.05) * span_s)
+    ckpt = max(float(s[0]), float(s[i - 1]) - _log_uniform(rng, 0.01, 0.05) * span_s)
     down = _log_uniform(rng, 0.01, 0.10) * span_t
+    return rollback(s, t, i, ckpt, down)
+
+
+def rollback(
+    s: np.ndarray, t: np.ndarray, i: int, ckpt: float, down: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The job dies after point i - 1 of a monotone timeline, is down for `down` s, and resumes
+    from step `ckpt`: the steps since it are recomputed at the run's own pace, then the rest
+    follows, shifted by the downtime and the redone work."""
     # Time at which the clean run passed the checkpoint step (monotone history before i).
     t_ckpt = float(np.interp(ckpt, s[:i], t[:i]))
     redo = np.flatnonzero(s[:i] > ckpt)
@@ -88,7 +96,7 @@ def inject_faults(
     """Return a faulted copy of a clean (monotone) timeline and what was injected."""
     s = np.asarray(steps, dtype=float).copy()
     t = np.asarray(times, dtype=float).copy()
-    t, factor = _slowdown(s, t, rng)
+    t, factor = slowdown(s, t, rng)
     restarts = int(rng.choice(3, p=[0.5, 0.35, 0.15]))
     gaps = int(rng.choice(3, p=[0.3, 0.4, 0.3]))
     # Restarts first: each needs a monotone stretch before it, which the first one guarantees

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from bench.evaluate import __main__ as cli
-from bench.evaluate.eta_eval import CUTOFFS, METHODS, evaluate_eta, run_timeline
+from bench.evaluate.eta_eval import CUTOFFS, KINDS, METHODS, evaluate_eta, run_timeline
 from bench.evaluate.faults import inject_faults, run_rng
 from curveset import load_runs
 
@@ -89,6 +89,14 @@ def test_evaluate_eta_structure(small_set: Path) -> None:
     for part in (fields, fields["faulted"]):
         assert set(part["eta_cover80_half"]) == {"A", "B"}
         assert set(part["eta_cover80_half"]["B"]) == {str(c) for c in CUTOFFS}
+    # Deadline odds per timing kind and cut-off, with the baseline's and per half.
+    for key in ("p_on_time_ece", "p_on_time_brier", "p_on_time_brier_baseline", "p90_exceedance"):
+        assert set(fields[key]) == set(KINDS)
+        assert set(fields[f"{key}_half"]["real"]) == {"A", "B"}
+    for kind in KINDS:
+        for c, value in fields["p_on_time_brier"][kind].items():
+            assert 0.0 <= value <= 1.0 and c in {str(x) for x in CUTOFFS}
+    assert set(fields["realistic"]) == set(fields["faulted"])
     # On steady runs with the true total, Runcast is close at 50%.
     assert fields["eta_ape_median"]["runcast"]["50"] < 0.05
     assert "runcast" in text and "tqdm_ema" in text
@@ -108,3 +116,13 @@ def test_cli_json_last_line(small_set: Path, capsys: pytest.CaptureFixture[str])
     assert data["runs"] == 4 and data["seed"] == 1
     assert {"eta_ape_median", "eta_ape_p90", "eta_cover80", "faulted"} <= set(data)
     assert "[skip]" in out.err
+
+
+@needs_curves
+def test_cli_eta_only_skips_loss_and_divergence(
+    small_set: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([str(small_set), "--json", "--eta-only"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"p_on_time_ece", "p_on_time_brier", "p90_exceedance", "eta_cover80"} <= set(data)
+    assert not any(key.startswith("loss_") for key in data)
