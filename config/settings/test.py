@@ -7,6 +7,7 @@ PostgreSQL and Redis while a laptop falls back to SQLite.
 from __future__ import annotations
 
 import os
+import tempfile as _tempfile
 
 # Base refuses to start without SECRET_KEY outside the embedded mode (CI sets DATABASE_URL).
 os.environ.setdefault("SECRET_KEY", "test-only-key-" + "x" * 50)
@@ -30,6 +31,10 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 SITE_URL = "http://testserver"
+# A test process's artifacts never land in var/ (tests that look at them set their own folder).
+RUNCAST_ARTIFACT_ROOT = os.path.join(
+    _tempfile.gettempdir(), f"runcast-test-artifacts-{os.getpid()}"
+)
 
 if CELERY_BROKER_URL.startswith("filesystem://"):  # noqa: F405
     # A broker folder of this test process's own: a running `scripts/dev` worker shares var/broker
