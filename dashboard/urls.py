@@ -20,6 +20,7 @@ urlpatterns = [
     path(f"{run}throughput.json", views.run_throughput, name="run-throughput"),
     path(f"{run}overview.json", views.run_overview, name="run-overview"),
     path(f"{run}ranks.json", views.run_ranks, name="run-ranks"),
+    path(f"{run}files/<path:path>", views.run_file, name="run-file"),
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
     path("hosts/<slug:project>/<str:host>/", gpu_views.host_page, name="host"),
     path(settings, settings_views.settings_page, name="settings"),

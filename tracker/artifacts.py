@@ -14,6 +14,7 @@ limit, and deletes a prefix whole (a run's files go with the run:
 
 from __future__ import annotations
 
+import mimetypes
 import os
 import posixpath
 import secrets
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from django.conf import settings
+from django.http import FileResponse
 
 from tracker.limits import echo
 
@@ -202,6 +204,51 @@ def max_bytes() -> int:
     return int(settings.RUNCAST_ARTIFACT_MAX_BYTES)
 
 
+# --- downloads -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Download:
+    file: BinaryIO
+    size: int
+    name: str
+    content_type: str
+
+
+# Types a browser would run as a page or script are sent as text (MLflow's server does the same).
+_AS_TEXT = ("text/html", "application/javascript", "text/javascript", "image/svg+xml")
+
+
+def content_type(name: str) -> str:
+    guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    if guessed in _AS_TEXT or preview_kind(name) == "text":
+        return "text/plain"
+    return guessed
+
+
+def download_open(*, key: str) -> Download | None:
+    """An open file to stream, or None where there is no file."""
+    store = artifact_store()
+    if not store.is_file(key):
+        return None
+    name = posixpath.basename(key)
+    return Download(store.open(key), store.size(key), name, content_type(name))
+
+
+def file_response(download: Download, *, inline: bool = False) -> FileResponse:
+    """The file streamed in chunks (FileResponse reads it block by block), as an attachment
+    unless previewed; never sniffed into a page the browser would run."""
+    response = FileResponse(
+        download.file,
+        as_attachment=not inline,
+        filename=download.name,
+        content_type=download.content_type,
+    )
+    response["Content-Length"] = str(download.size)
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
 # --- reads for pages -------------------------------------------------------------------------
 
 # Files the run page previews inline (their first PREVIEW_BYTES): text, and images a browser
@@ -229,6 +276,17 @@ def preview_kind(path: str) -> str:
     if suffix in TEXT_SUFFIXES or name in TEXT_NAMES:
         return "text"
     return "file"
+
+
+def run_file_open(*, project_id: int, run_id: int, path: str) -> Download | None:
+    """One of a run's files for its page's download and preview links, or None."""
+    try:
+        relative = safe_path(path)
+    except ArtifactError:
+        return None
+    if not relative:
+        return None
+    return download_open(key=join(run_prefix(project_id=project_id, run_id=run_id), relative))
 
 
 def run_files(*, project_id: int, run_id: int, limit: int = 500) -> list[RunFile]:

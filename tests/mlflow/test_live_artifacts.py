@@ -52,7 +52,8 @@ def test_a_stock_script_logs_files_and_a_model_to_its_last_line(
         mlflow.log_figure(figure, "plots/loss.png")
         plt.close(figure)
         model = sklearn_linear.LinearRegression().fit(x, y)
-        info = mlflow.sklearn.log_model(model, name="model", input_example=x[:2])
+        # pip_requirements: the inference of them starts a Python process (~30 s here).
+        info = mlflow.sklearn.log_model(model, name="model", pip_requirements=["scikit-learn"])
         mlflow.log_metric("done", 1.0)  # the script's last line
     run_id = active.info.run_id
     client = mlflow.MlflowClient()

@@ -10,10 +10,8 @@ or model's prefix in `tracker.artifacts`, whatever the path said about the exper
 
 from __future__ import annotations
 
-import mimetypes
 import posixpath
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from tracker import artifacts
 from tracker.artifacts import ArtifactError, Entry, Readable
@@ -127,31 +125,11 @@ def files_json(entries: list[Entry], *, under: str = "") -> list[dict[str, objec
     return out
 
 
-@dataclass(frozen=True)
-class Download:
-    file: BinaryIO
-    size: int
-    name: str
-    content_type: str
-
-
-# Types a browser would run as a page or script are sent as text (MLflow does the same).
-_AS_TEXT = ("text/html", "application/javascript", "text/javascript", "image/svg+xml")
-
-
-def content_type(name: str) -> str:
-    guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    if guessed in _AS_TEXT or name == "MLmodel":
-        return "text/plain"
-    return guessed
-
-
-def artifact_open(*, place: Place) -> Download:
-    store = artifacts.artifact_store()
-    if not place.path or not store.is_file(place.key):
+def artifact_open(*, place: Place) -> artifacts.Download:
+    download = artifacts.download_open(key=place.key) if place.path else None
+    if download is None:
         raise not_found(f"No artifact file at '{echo(place.path or '/')}'")
-    name = posixpath.basename(place.path)
-    return Download(store.open(place.key), store.size(place.key), name, content_type(name))
+    return download
 
 
 # --- files go with their owner -----------------------------------------------------------------

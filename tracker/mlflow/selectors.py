@@ -262,3 +262,27 @@ def dataset_summaries(*, project: Project, experiment_ids: list[str]) -> list[di
             summary["context"] = context
         out.append(summary)
     return out
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    name: str
+    digest: str
+    context: str
+    source_type: str
+
+
+def run_datasets(*, run: Run) -> list[DatasetRow]:
+    """The datasets an MLflow run logged (`log_input`), for its page; none for other runs."""
+    link = RunLink.objects.filter(run=run).only("dataset_inputs").first()
+    if link is None:
+        return []
+    return [
+        DatasetRow(
+            name=item["dataset"]["name"],
+            digest=item["dataset"]["digest"],
+            context=next((t["value"] for t in item["tags"] if t["key"] == DATASET_CONTEXT_TAG), ""),
+            source_type=item["dataset"].get("source_type", ""),
+        )
+        for item in link.dataset_inputs
+    ]

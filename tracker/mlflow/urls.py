@@ -10,7 +10,7 @@ urlpatterns = [
     re_path(r"^(?:ajax-)?api/2\.0/mlflow/(?P<path>.*)$", views.endpoint, name="mlflow-api"),
     re_path(
         r"^(?:ajax-)?api/2\.0/mlflow-artifacts/(?P<path>.*)$",
-        views.artifacts,
+        views.artifact_proxy,
         name="mlflow-artifacts",
     ),
 ]

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError
-from django.http import FileResponse, HttpRequest, JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from tracker import query
+from tracker import artifacts, query
 from tracker import services as tracker_services
 from tracker.limits import echo
 from tracker.mlflow import artifacts as mlflow_artifacts
@@ -774,7 +774,7 @@ MULTIPART_MESSAGE = "Multipart upload is not supported for the current artifact 
 
 
 @csrf_exempt
-def artifacts(request: HttpRequest, path: str) -> HttpResponseBase:
+def artifact_proxy(request: HttpRequest, path: str) -> HttpResponseBase:
     """MLflow's artifact proxy (`/api/2.0/mlflow-artifacts/...`): `artifacts?path=` lists a
     folder, `artifacts/<path>` takes PUT (upload, streamed), GET (download) and DELETE."""
 
@@ -811,7 +811,7 @@ def artifacts(request: HttpRequest, path: str) -> HttpResponseBase:
         if method == "DELETE":
             mlflow_artifacts.artifact_delete(place=place)
             return {}
-        return download_response(mlflow_artifacts.artifact_open(place=place))
+        return artifacts.file_response(mlflow_artifacts.artifact_open(place=place))
 
     return _respond(handle)
 
@@ -821,16 +821,3 @@ def _content_length(request: HttpRequest) -> int | None:
         return int(request.META.get("CONTENT_LENGTH") or "")
     except ValueError:
         return None
-
-
-def download_response(download: mlflow_artifacts.Download, *, inline: bool = False) -> FileResponse:
-    """A file streamed in chunks; never a page or script the browser would run."""
-    response = FileResponse(
-        download.file,
-        as_attachment=not inline,
-        filename=download.name,
-        content_type=download.content_type,
-    )
-    response["Content-Length"] = str(download.size)
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
