@@ -170,6 +170,38 @@ def test_log_batch_keeps_a_point_once_as_mlflow_does(ml: Mlflow) -> None:
     assert len(history["metrics"]) == 4
 
 
+def test_infinities_come_back_clamped_and_long_values_truncated(ml: Mlflow) -> None:
+    run_id = ml.run()
+    points = [
+        {"key": "g", "value": v, "timestamp": 1000, "step": s}
+        for s, v in enumerate(["Infinity", "-Infinity"])
+    ]
+    params = [{"key": "config", "value": "c" * 7000}]
+    tags = [{"key": "note", "value": "n" * 9000}]
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": points, "params": params})
+    ml.ok("POST", "runs/set-tag", {"run_id": run_id, **tags[0]})
+    history = ml.ok("GET", "metrics/get-history", {"run_id": run_id, "metric_key": "g"})
+    assert [m["value"] for m in history["metrics"]] == [
+        1.7976931348623157e308,
+        -1.7976931348623157e308,
+    ]
+    data = ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["data"]
+    assert {p["key"]: len(p["value"]) for p in data["params"]} == {"config": 6000}
+    assert {t["key"]: len(t["value"]) for t in data["tags"]}["note"] == 8000
+
+
+def test_it_refuses_what_mlflow_requires_as_a_string(ml: Mlflow) -> None:
+    run_id = ml.run()
+    for path, data, field in (
+        ("experiments/create", {"name": "e", "artifact_location": 9.0}, "artifact_location"),
+        ("runs/set-tag", {"run_id": run_id, "key": "k", "value": 5}, "value"),
+        ("runs/log-parameter", {"run_id": run_id, "key": "k", "value": 5}, "value"),
+    ):
+        answer = ml.call("POST", path, data)
+        assert answer.status_code == 400, path
+        assert f"'{field}'" in answer.json()["message"], path
+
+
 def test_history_endpoints_mlflow_ui_calls(ml: Mlflow) -> None:
     first, second = ml.run(), ml.run()
     for run_id, value in ((first, 1.0), (second, 2.0)):
@@ -191,6 +223,10 @@ def test_history_endpoints_mlflow_ui_calls(ml: Mlflow) -> None:
     ]
     none = ml.call("GET", "metrics/get-history-bulk", {"metric_key": "loss"})
     assert none.status_code == 400 and "run_id" in none.json()["message"]
+    bad_token = ml.call(
+        "GET", "metrics/get-history", {"run_id": first, "metric_key": "loss", "page_token": "x"}
+    )
+    assert bad_token.status_code == 400 and "page_token" in bad_token.json()["message"]
     # An unknown run has no history (MLflow answers [] rather than an error).
     unknown = ml.ok("GET", "metrics/get-history", {"run_id": "f" * 32, "metric_key": "loss"})
     assert unknown == {"metrics": []}

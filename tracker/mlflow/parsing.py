@@ -9,6 +9,7 @@ are accepted. Django-free apart from nothing: these are plain functions over dic
 from __future__ import annotations
 
 import json
+import logging
 import math
 import posixpath
 import re
@@ -20,6 +21,8 @@ import numpy as np
 from tracker import limits
 from tracker.mlflow.errors import MlflowError, invalid, missing
 from tracker.services import SeriesIn
+
+logger = logging.getLogger(__name__)
 
 # MLflow's documented limits (mlflow.utils.validation).
 MAX_METRICS_PER_BATCH = 1000
@@ -215,7 +218,16 @@ def key_value(item: Any, path: str, *, value_limit: int) -> KeyValue:
         raw = str(raw)  # lenient like MLflow's proto parser, which takes numbers for strings
     value = string({"value": raw}, "value", path=f"{path}.value" if path else "value")
     if len(value) > value_limit:
-        raise too_long(f"{path}.value" if path else "value", value_limit)
+        # As MLflow's store does (MLFLOW_TRUNCATE_LONG_VALUES, on by default): a script that
+        # logs a long config must not crash over it. The server log says what was cut.
+        logger.warning(
+            "MLflow %s '%s' of %d characters truncated to %d characters",
+            f"{path}.value" if path else "value",
+            limits.echo(key),
+            len(value),
+            value_limit,
+        )
+        value = value[:value_limit]
     return KeyValue(key=key, value=value)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,13 @@ def _ms(dt: Any) -> int:
 
 
 def number(value: float) -> float | str:
-    """A double in protobuf's JSON: non-finite values are the strings "NaN", "Infinity"."""
+    """A double as MLflow's server answers it: NaN as protobuf's "NaN", and ±Inf clamped to
+    ±1.7976931348623157e308 as its store saves them (Runcast keeps the Inf, which forecasts
+    read as a divergence; only the answer is MLflow's)."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
+        return sys.float_info.max if value > 0 else -sys.float_info.max
     return value
 
 

@@ -88,6 +88,9 @@ def experiment_get_by_name(call: Call) -> Data:
 
 def experiment_create(call: Call) -> Data:
     name = parsing.experiment_name(call.data, "name")
+    # Checked as MLflow checks it, then not used: Runcast places every experiment's artifacts
+    # in its own store (tracker.artifacts).
+    parsing.string(call.data, "artifact_location")
     tags = parsing.tags_of(parsing.array(call.data, "tags"))
     experiment = services.experiment_create(
         project=call.project, name=name, tags={t.key: t.value for t in tags}
@@ -227,13 +230,21 @@ def log_metric(call: Call) -> Data:
     return {}
 
 
+def _string_value(call: Call) -> None:
+    # MLflow's server asserts a string here (handlers._log_param, _set_tag); inside log-batch
+    # its proto parser is lenient, and so is key_value.
+    parsing.string(call.data, "value")
+
+
 def log_param(call: Call) -> Data:
+    _string_value(call)
     param = parsing.key_value(call.data, "", value_limit=parsing.MAX_PARAM_VAL_LENGTH)
     services.run_log(link=_link(call, active=True), metrics=[], params=[param], tags=[])
     return {}
 
 
 def set_tag(call: Call) -> Data:
+    _string_value(call)
     tag = parsing.key_value(call.data, "", value_limit=parsing.MAX_TAG_VAL_LENGTH)
     services.run_log(link=_link(call, active=True), metrics=[], params=[], tags=[tag])
     return {}
@@ -300,7 +311,10 @@ def metric_history(call: Call) -> Data:
         return {"metrics": []}  # as MLflow's store answers a run it does not have
     points = selectors.metric_history(run=link.run, key=key)
     if call.data.get("max_results") in (None, ""):
-        return {"metrics": points}
+        if not parsing.string(call.data, "page_token"):
+            return {"metrics": points}
+        # A token without max_results is still a token: checked, and the rest from it.
+        return {"metrics": _page(points, call.data, max(len(points), 1))[0]}
     limit = parsing.integer(call.data.get("max_results"), "max_results")
     if limit is None or limit <= 0:
         raise parsing.invalid_value("max_results", limit, "It must be a positive integer.")
