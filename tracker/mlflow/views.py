@@ -19,7 +19,7 @@ from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from tracker import artifacts, query
+from tracker import query
 from tracker import services as tracker_services
 from tracker.limits import echo
 from tracker.mlflow import artifacts as mlflow_artifacts
@@ -715,7 +715,7 @@ def unsupported(path: str) -> MlflowError:
     )
 
 
-def _authenticate(request: HttpRequest) -> ApiToken:
+def authenticate(request: HttpRequest) -> ApiToken:
     scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
     token = None
     if scheme.lower() == "bearer" and raw.strip():
@@ -737,7 +737,7 @@ def _request_data(request: HttpRequest) -> tuple[Data, bytes]:
     return parsing.body_json(raw), raw
 
 
-def _respond(call: Callable[[], Data | HttpResponseBase]) -> HttpResponseBase:
+def respond(call: Callable[[], Data | HttpResponseBase]) -> HttpResponseBase:
     try:
         answer = call()
         return answer if isinstance(answer, HttpResponseBase) else JsonResponse(answer)
@@ -759,7 +759,7 @@ def _respond(call: Callable[[], Data | HttpResponseBase]) -> HttpResponseBase:
 @csrf_exempt
 def endpoint(request: HttpRequest, path: str) -> HttpResponseBase:
     def handle() -> Data:
-        token = _authenticate(request)
+        token = authenticate(request)
         route = _route(path.strip("/"), request.method or "")
         if route is None:
             raise unsupported(path)
@@ -778,60 +778,4 @@ def endpoint(request: HttpRequest, path: str) -> HttpResponseBase:
         lists = dict(request.GET.lists()) if request.method == "GET" else {}
         return route.handler(Call(token=token, data=data, raw=raw, lists=lists))
 
-    return _respond(handle)
-
-
-_MULTIPART = ("mpu/create/", "mpu/complete/", "mpu/abort/", "presigned/")
-# The message MLflow's client reads as "multipart is not supported here" and then sends the
-# file in one streamed PUT (mlflow.exceptions._UnsupportedMultipartUploadException).
-MULTIPART_MESSAGE = "Multipart upload is not supported for the current artifact repository"
-
-
-@csrf_exempt
-def artifact_proxy(request: HttpRequest, path: str) -> HttpResponseBase:
-    """MLflow's artifact proxy (`/api/2.0/mlflow-artifacts/...`): `artifacts?path=` lists a
-    folder, `artifacts/<path>` takes PUT (upload, streamed), GET (download) and DELETE."""
-
-    def handle() -> Data | HttpResponseBase:
-        token = _authenticate(request)
-        method = request.method or ""
-        if path.startswith(_MULTIPART):
-            raise MlflowError(MULTIPART_MESSAGE, "NOT_IMPLEMENTED")
-        if path.strip("/") == "artifacts" and method == "GET":
-            place = mlflow_artifacts.place_of(
-                project=token.project, path=request.GET.get("path", "")
-            )
-            files = mlflow_artifacts.files_json(mlflow_artifacts.artifact_list(place=place))
-            return {"files": files} if files else {}
-        if not path.startswith("artifacts/") or method not in ("GET", "PUT", "DELETE"):
-            raise MlflowError(
-                f"Runcast does not serve the MLflow artifact endpoint {echo(method)} "
-                f"'{echo(path)}'. Supported: GET artifacts?path=, GET, PUT and DELETE "
-                "artifacts/<path>.",
-                "ENDPOINT_NOT_FOUND",
-            )
-        if method != "GET" and token.scope != ApiToken.Scope.WRITE:
-            raise MlflowError(
-                f"this token has the {token.scope!r} scope; uploading and deleting artifacts "
-                "needs a write token",
-                "PERMISSION_DENIED",
-            )
-        place = mlflow_artifacts.place_of(project=token.project, path=path[len("artifacts/") :])
-        if method == "PUT":
-            mlflow_artifacts.artifact_put(
-                place=place, body=request, length=_content_length(request)
-            )
-            return {}
-        if method == "DELETE":
-            mlflow_artifacts.artifact_delete(place=place)
-            return {}
-        return artifacts.file_response(mlflow_artifacts.artifact_open(place=place))
-
-    return _respond(handle)
-
-
-def _content_length(request: HttpRequest) -> int | None:
-    try:
-        return int(request.META.get("CONTENT_LENGTH") or "")
-    except ValueError:
-        return None
+    return respond(handle)
