@@ -114,10 +114,7 @@ def experiment_search(call: Call) -> Data:
         limit=_max_results(call.data, default=1000),
         page_token=parsing.string(call.data, "page_token"),
     )
-    body: Data = {"experiments": [selectors.experiment_json(e) for e in page]}
-    if token:
-        body["next_page_token"] = token
-    return body
+    return _paged("experiments", [selectors.experiment_json(e) for e in page], token)
 
 
 def experiment_update(call: Call) -> Data:
@@ -408,10 +405,7 @@ def run_search(call: Call) -> Data:
         page_token=parsing.string(call.data, "page_token"),
     )
     latest = selectors.latest_metrics_many(run_ids=[lk.run_id for lk in page])
-    body: Data = {"runs": [selectors.run_json(lk, latest=latest[lk.run_id]) for lk in page]}
-    if token:
-        body["next_page_token"] = token
-    return body
+    return _paged("runs", [selectors.run_json(lk, latest=latest[lk.run_id]) for lk in page], token)
 
 
 # --- logged models (MLflow 3) ----------------------------------------------------------------
@@ -501,16 +495,8 @@ def logged_model_log_params(call: Call, model_id: str) -> Data:
 
 def logged_model_artifacts(call: Call, model_id: str) -> Data:
     """`logged-models/<id>/artifacts/directories`: a folder of the model's files."""
-    model = _model(call, model_id)
-    relative = parsing.string(call.data, "artifact_directory_path")
-    root = mlflow_artifacts.model_artifact_uri(model)
-    place = mlflow_artifacts.place_of(
-        project=call.project, path=f"{root.split(':/', 1)[1]}/{relative}"
-    )
-    files = mlflow_artifacts.files_json(
-        mlflow_artifacts.artifact_list(place=place), under=place.path and relative
-    )
-    return {"root_uri": root, "files": files} if files else {"root_uri": root}
+    root = mlflow_artifacts.model_artifact_uri(_model(call, model_id))
+    return _folder(call, root, parsing.string(call.data, "artifact_directory_path"))
 
 
 def logged_model_search(call: Call) -> Data:
@@ -534,10 +520,7 @@ def logged_model_search(call: Call) -> Data:
         limit=_max_results(call.data, default=100),
         page_token=parsing.string(call.data, "page_token"),
     )
-    body: Data = {"models": [selectors.logged_model_json(m) for m in page]}
-    if token:
-        body["next_page_token"] = token
-    return body
+    return _paged("models", [selectors.logged_model_json(m) for m in page], token)
 
 
 # --- artifacts through the tracking API ------------------------------------------------------
@@ -546,9 +529,12 @@ def logged_model_search(call: Call) -> Data:
 def artifact_list_of_run(call: Call) -> Data:
     """`artifacts/list?run_id=&path=` (MLflow's UI): a folder of the run's files, paths
     relative to the run's artifact root."""
-    link = _link(call)
-    relative = parsing.string(call.data, "path")
-    root = mlflow_artifacts.run_artifact_uri(link)
+    root = mlflow_artifacts.run_artifact_uri(_link(call))
+    return _folder(call, root, parsing.string(call.data, "path"))
+
+
+def _folder(call: Call, root: str, relative: str) -> Data:
+    """A folder below an artifact root, its entries' paths relative to the root."""
     place = mlflow_artifacts.place_of(
         project=call.project, path=f"{root.split(':/', 1)[1]}/{relative}"
     )
@@ -586,6 +572,13 @@ def _max_results(data: Data, *, default: int) -> int:
             "max_results", limit, f"must be between 1 and {parsing.MAX_RESULTS_SEARCH}"
         )
     return limit
+
+
+def _paged(name: str, items: list[Any], token: str | None) -> Data:
+    body: Data = {name: items}
+    if token:
+        body["next_page_token"] = token
+    return body
 
 
 def _page(items: list[Any], data: Data, limit: int) -> tuple[list[Any], str | None]:
