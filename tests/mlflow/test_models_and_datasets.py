@@ -202,6 +202,27 @@ def test_it_refuses_what_mlflow_requires_as_a_string(ml: Mlflow) -> None:
         assert f"'{field}'" in answer.json()["message"], path
 
 
+def test_deleting_an_experiment_deletes_its_runs_and_stops_writes(ml: Mlflow) -> None:
+    experiment_id = ml.ok("POST", "experiments/create", {"name": "gone"})["experiment_id"]
+    run = ml.ok("POST", "runs/create", {"experiment_id": experiment_id})["run"]["info"]["run_id"]
+    ml.ok("POST", "experiments/delete", {"experiment_id": experiment_id})
+    assert ml.ok("GET", "runs/get", {"run_id": run})["run"]["info"]["lifecycle_stage"] == "deleted"
+    assert ml.ok("POST", "runs/search", {"experiment_ids": [experiment_id]}) == {"runs": []}
+    point = {"key": "loss", "value": 1.0, "timestamp": 1, "step": 0}
+    for path, data in (
+        ("runs/log-batch", {"run_id": run, "metrics": [point]}),
+        (
+            "experiments/set-experiment-tag",
+            {"experiment_id": experiment_id, "key": "k", "value": "v"},
+        ),
+        ("experiments/update", {"experiment_id": experiment_id, "new_name": "back"}),
+    ):
+        answer = ml.call("POST", path, data)
+        assert answer.status_code == 400 and "'active' state" in answer.json()["message"], path
+    ml.ok("POST", "experiments/restore", {"experiment_id": experiment_id})
+    ml.ok("POST", "runs/log-batch", {"run_id": run, "metrics": [point]})
+
+
 def test_history_endpoints_mlflow_ui_calls(ml: Mlflow) -> None:
     first, second = ml.run(), ml.run()
     for run_id, value in ((first, 1.0), (second, 2.0)):

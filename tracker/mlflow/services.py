@@ -131,6 +131,7 @@ def experiment_create(*, project: Project, name: str, tags: dict[str, str]) -> E
 
 
 def experiment_rename(*, experiment: Experiment, name: str) -> None:
+    experiment_check_active(experiment=experiment)
     if experiment.public_id == DEFAULT_EXPERIMENT_ID:
         raise invalid("The default experiment cannot be renamed in Runcast.")
     clash = Experiment.objects.filter(project=experiment.project_id, name=name)
@@ -146,15 +147,28 @@ def experiment_set_stage(*, experiment: Experiment, stage: str) -> None:
         raise invalid(
             "Cannot delete the default experiment '0'. This is an internally reserved ID."
         )
-    Experiment.objects.filter(pk=experiment.pk).update(
-        lifecycle_stage=stage, updated_at=timezone.now()
-    )
+    with transaction.atomic():
+        Experiment.objects.filter(pk=experiment.pk).update(
+            lifecycle_stage=stage, updated_at=timezone.now()
+        )
+        # As MLflow's store: deleting an experiment deletes its runs (no longer searchable nor
+        # writable), restoring it restores them.
+        RunLink.objects.filter(experiment=experiment).update(lifecycle_stage=stage)
+
+
+def experiment_check_active(*, experiment: Experiment) -> None:
+    if experiment.lifecycle_stage != Experiment.Stage.ACTIVE:
+        raise invalid(
+            f"The experiment {experiment.public_id} must be in the 'active' state. "
+            f"Current state is {experiment.lifecycle_stage}."
+        )
 
 
 @transaction.atomic
 def experiment_set_tag(*, experiment: Experiment, key: str, value: str | None) -> None:
     """Set (or, with value None, delete) one experiment tag."""
     locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+    experiment_check_active(experiment=locked)
     if value is None:
         locked.tags.pop(key, None)
     else:
