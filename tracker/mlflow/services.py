@@ -324,14 +324,27 @@ def run_log(
 def _new_points(*, run: Run, metrics: list[MetricIn]) -> list[MetricIn]:
     """The points not stored yet: MLflow keeps a point, (key, timestamp, step, value), once, so
     `log_batch([A])` then `log_batch([A, B])` stores A once (and log_model's re-logging of the
-    run's metrics at its step with the model's id adds nothing to the run). Only keys whose
-    points reach back to a stored step are read: a training that logs forward costs one query."""
-    unique = list({(m.key, m.timestamp_ms, m.step, m.value.hex()): m for m in metrics}.values())
-    keys = {m.key for m in unique}
-    latest = dict(LatestMetric.objects.filter(run=run, key__in=keys).values_list("key", "step"))
-    behind = {m.key for m in unique if m.key in latest and m.step <= latest[m.key]}
-    if not behind:
-        return unique
+    run's metrics at its step with the model's id adds nothing to the run). A training that
+    logs forward pays a pass over the batch, no query; stored points are read only for the keys
+    whose points reach back to a stored step, and the batch is deduplicated only when a
+    (key, step) repeats in it."""
+    lowest: dict[str, int] = {}
+    for m in metrics:
+        if m.step < lowest.get(m.key, m.step + 1):
+            lowest[m.key] = m.step
+    repeats = len({(m.key, m.step) for m in metrics}) != len(metrics)
+    # In a run's first attempt last_step is the highest step stored for any key (a resume
+    # starts it over), so a batch wholly beyond it has nothing stored to repeat.
+    run_top = run.last_step if run.current_segment <= 1 else None
+    if run_top is not None and min(lowest.values()) > run_top and not repeats:
+        return metrics
+    latest = dict(
+        LatestMetric.objects.filter(run=run, key__in=list(lowest)).values_list("key", "step")
+    )
+    behind = {k for k, step in lowest.items() if k in latest and step <= latest[k]}
+    if not behind and not repeats:
+        return metrics
+    unique = list({_point(m): m for m in metrics}.values())
     stored: set[tuple[str, int, int, str]] = set()
     for key in behind:
         series = tracker_selectors.series_load(run=run, key=key, resolve=False)
@@ -340,7 +353,12 @@ def _new_points(*, run: Run, metrics: list[MetricIn]) -> list[MetricIn]:
             series.steps.tolist(), stamps, series.values.tolist(), strict=True
         ):
             stored.add((key, stamp, step, float(value).hex()))
-    return [m for m in unique if (m.key, m.timestamp_ms, m.step, m.value.hex()) not in stored]
+    return [m for m in unique if _point(m) not in stored]
+
+
+def _point(m: MetricIn) -> tuple[str, int, int, str]:
+    # hex(): exact, and every NaN is one value (NaN != NaN would keep each).
+    return (m.key, m.timestamp_ms, m.step, m.value.hex())
 
 
 def _params_tags_store(*, link: RunLink, params: list[KeyValue], tags: list[KeyValue]) -> None:
