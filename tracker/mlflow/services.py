@@ -328,6 +328,8 @@ def _new_points(*, run: Run, metrics: list[MetricIn]) -> list[MetricIn]:
     logs forward pays a pass over the batch, no query; stored points are read only for the keys
     whose points reach back to a stored step, and the batch is deduplicated only when a
     (key, step) repeats in it."""
+    if not metrics:
+        return metrics
     lowest: dict[str, int] = {}
     for m in metrics:
         if m.step < lowest.get(m.key, m.step + 1):
