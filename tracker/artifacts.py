@@ -74,6 +74,7 @@ class ArtifactStore(Protocol):
     def size(self, key: str) -> int: ...
     def is_file(self, key: str) -> bool: ...
     def children(self, key: str) -> list[Entry]: ...
+    def walk(self, key: str) -> Iterator[Entry]: ...
     def delete(self, key: str) -> None: ...
     def prefixes(self, key: str) -> list[str]: ...
 
@@ -99,10 +100,6 @@ def run_prefix(*, project_id: int, run_id: int) -> str:
 
 def model_prefix(*, project_id: int, model_id: int) -> str:
     return f"p{project_id}/models/{model_id}"
-
-
-def project_prefix(*, project_id: int) -> str:
-    return f"p{project_id}"
 
 
 def join(prefix: str, path: str) -> str:
@@ -182,7 +179,7 @@ class LocalArtifactStore:
 
     def prefixes(self, key: str) -> list[str]:
         """The names of the folders directly under a key (the sweep of orphans walks them)."""
-        folder = self.root / key if key else self.root
+        folder = self._path(key)
         if not folder.is_dir():
             return []
         return sorted(p.name for p in folder.iterdir() if p.is_dir())
@@ -196,7 +193,7 @@ class LocalArtifactStore:
             path.unlink(missing_ok=True)
 
 
-def artifact_store() -> LocalArtifactStore:
+def artifact_store() -> ArtifactStore:
     return LocalArtifactStore(Path(settings.RUNCAST_ARTIFACT_ROOT))
 
 
