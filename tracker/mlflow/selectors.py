@@ -251,20 +251,22 @@ def dataset_summaries(*, project: Project, experiment_ids: list[str]) -> list[di
     rows = links.values_list("experiment__public_id", "dataset_inputs").order_by("pk")
     for experiment_id, inputs in rows.iterator(chunk_size=500):
         for item in inputs:
-            context = next(
-                (t["value"] for t in item["tags"] if t["key"] == DATASET_CONTEXT_TAG), ""
-            )
             dataset = item["dataset"]
-            seen[(experiment_id, dataset["name"], dataset["digest"], context)] = None
-            if len(seen) >= MAX_DATASET_SUMMARIES:
-                break
+            seen[(experiment_id, dataset["name"], dataset["digest"], _context(item))] = None
+        if len(seen) >= MAX_DATASET_SUMMARIES:
+            break
     out = []
-    for experiment_id, name, digest, context in seen:
+    for experiment_id, name, digest, context in list(seen)[:MAX_DATASET_SUMMARIES]:
         summary = {"experiment_id": experiment_id, "name": name, "digest": digest}
         if context:
             summary["context"] = context
         out.append(summary)
     return out
+
+
+def _context(item: dict[str, Any]) -> str:
+    """What a dataset was used for (log_input's `context`: "training", "eval"), or ""."""
+    return next((t["value"] for t in item["tags"] if t["key"] == DATASET_CONTEXT_TAG), "")
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ def run_datasets(*, run: Run) -> list[DatasetRow]:
         DatasetRow(
             name=item["dataset"]["name"],
             digest=item["dataset"]["digest"],
-            context=next((t["value"] for t in item["tags"] if t["key"] == DATASET_CONTEXT_TAG), ""),
+            context=_context(item),
             source_type=item["dataset"].get("source_type", ""),
         )
         for item in link.dataset_inputs

@@ -147,6 +147,8 @@ def experiment_set_stage(*, experiment: Experiment, stage: str) -> None:
         raise invalid(
             "Cannot delete the default experiment '0'. This is an internally reserved ID."
         )
+    if experiment.lifecycle_stage == stage:
+        return  # restoring an active experiment must not revive the runs deleted one by one
     with transaction.atomic():
         Experiment.objects.filter(pk=experiment.pk).update(
             lifecycle_stage=stage, updated_at=timezone.now()
