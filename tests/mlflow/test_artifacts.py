@@ -14,6 +14,7 @@ from django.test import Client
 
 from tracker import artifacts
 from tracker.artifacts import ArtifactError, ArtifactTooLarge, LocalArtifactStore
+from tracker.mlflow import tasks
 from tracker.mlflow.artifacts import artifacts_orphans_delete
 from tracker.models import Project, Run
 
@@ -210,6 +211,9 @@ def test_files_go_with_their_run_and_project(
     assert artifacts_orphans_delete() == 1
     assert [p.name for p in root.iterdir()] == [f"p{Project.objects.get(slug='other').pk}"]
     assert artifacts_orphans_delete() == 0
+    for _ in range(2):  # the hourly task, run twice: nothing more goes
+        tasks.artifacts_sweep()
+    assert [p.name for p in root.iterdir()] == [f"p{Project.objects.get(slug='other').pk}"]
 
 
 @pytest.mark.django_db
