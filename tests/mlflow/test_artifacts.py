@@ -151,6 +151,31 @@ def test_it_refuses_an_upload_over_the_limit_naming_it(
     settings.RUNCAST_ARTIFACT_MAX_BYTES = 20 * 1024 * 1024
     assert _put(client, _url(info, "big.bin"), b"x" * 9_000_000, write_token).status_code == 200
     assert not list(root.rglob("*.part"))
+    chunked = client.put(
+        _url(info, "chunked.bin"),
+        data=b"x",
+        content_type="text/plain",
+        headers=_auth(write_token),
+        CONTENT_LENGTH="",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert chunked.status_code == 411 and "Content-Length" in chunked.json()["message"]
+    # Behind gunicorn, which dechunks: read to the end, the limit applied as it streams.
+    settings.RUNCAST_ARTIFACT_MAX_BYTES = 1000
+    for body, name in ((b"", "empty.txt"), (b"x" * 2000, "over.bin"), (b"abc", "small.txt")):
+        dechunked = client.put(
+            _url(info, name),
+            data=b"",
+            content_type="text/plain",
+            headers=_auth(write_token),
+            CONTENT_LENGTH="",
+            HTTP_TRANSFER_ENCODING="chunked",
+            **{"wsgi.input": io.BytesIO(body), "wsgi.input_terminated": True},
+        )
+        assert dechunked.status_code == (413 if name == "over.bin" else 200), name
+    listed = client.get(BASE, {"path": f"0/{info['run_id']}/artifacts"}, headers=_auth(write_token))
+    sizes = {f["path"]: f.get("file_size") for f in listed.json()["files"]}
+    assert (sizes["empty.txt"], sizes["small.txt"], "over.bin" in sizes) == (0, 3, False)
 
 
 @pytest.mark.django_db

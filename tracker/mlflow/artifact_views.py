@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
@@ -52,9 +54,7 @@ def artifact_proxy(request: HttpRequest, path: str) -> HttpResponseBase:
             )
         place = mlflow_artifacts.place_of(project=token.project, path=path[len("artifacts/") :])
         if method == "PUT":
-            mlflow_artifacts.artifact_put(
-                place=place, body=request, length=_content_length(request)
-            )
+            mlflow_artifacts.artifact_put(place=place, **_upload_body(request))
             return {}
         if method == "DELETE":
             mlflow_artifacts.artifact_delete(place=place)
@@ -62,6 +62,24 @@ def artifact_proxy(request: HttpRequest, path: str) -> HttpResponseBase:
         return artifacts.file_response(mlflow_artifacts.artifact_open(place=place))
 
     return respond(handle)
+
+
+def _upload_body(request: HttpRequest) -> dict[str, Any]:
+    """The body to stream and its declared length. `requests` sends an empty file chunked
+    (no Content-Length), and Django reads only CONTENT_LENGTH bytes: a server that dechunks
+    (gunicorn says so with wsgi.input_terminated) is read to its end instead; elsewhere (the
+    development server) a chunked upload is refused rather than stored empty."""
+    length = _content_length(request)
+    if length is not None:
+        return {"body": request, "length": length}
+    if request.META.get("wsgi.input_terminated"):
+        return {"body": request.META["wsgi.input"], "length": None}
+    raise MlflowError(
+        "An artifact upload needs a Content-Length header on this server (a chunked body is "
+        "read only behind gunicorn)",
+        "INVALID_PARAMETER_VALUE",
+        status=411,
+    )
 
 
 def _content_length(request: HttpRequest) -> int | None:
