@@ -85,6 +85,13 @@ def beat_schedule(*, sweep_period_s: float) -> dict[str, dict[str, Any]]:
             "schedule": 3600.0,
             "options": {"expires": 3300},
         },
+        # Artifacts go with their run, logged model or project: their files are deleted by the
+        # next pass after the row is (tracker/mlflow/artifacts.py).
+        "sweep-artifacts": {
+            "task": "tracker.mlflow.tasks.artifacts_sweep",
+            "schedule": 3600.0,
+            "options": {"expires": 3300},
+        },
         # The daily digest to project owners. Hourly, because "08:00" is per project timezone; a
         # Digest row per (project, local day) makes the other 23 ticks no-ops.
         "send-alert-digests": {

@@ -21,6 +21,7 @@ urlpatterns = [
     path(f"{run}throughput.json", views.run_throughput, name="run-throughput"),
     path(f"{run}overview.json", views.run_overview, name="run-overview"),
     path(f"{run}ranks.json", views.run_ranks, name="run-ranks"),
+    path(f"{run}files/<path:path>", views.run_file, name="run-file"),
     path("projects/<slug:project>/compare/", views.compare, name="compare"),
     path("projects/<slug:project>/runs/", explorer_views.runs_page, name="runs"),
     path("projects/<slug:project>/runs.csv", explorer_views.runs_csv, name="runs-csv"),

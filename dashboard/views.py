@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -15,8 +16,10 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard import pages
 from dashboard.forms import RunPlanForm
 from dashboard.presenters import board_view
-from tracker import selectors
+from tracker import artifacts, selectors
 from tracker.access import can_create_projects, membership_for, run_for
+from tracker.mlflow import selectors as mlflow_selectors
+from tracker.models import Run
 from tracker.project_settings.services import run_plan_update
 
 MAX_BUCKETS = 2_000
@@ -90,7 +93,25 @@ def _run_context(request: HttpRequest, project: str, run_id: str) -> dict[str, o
 @login_required
 @require_GET
 def run_detail(request: HttpRequest, project: str, run_id: str) -> HttpResponse:
-    return render(request, "dashboard/run.html", _run_context(request, project, run_id))
+    context = _run_context(request, project, run_id)
+    run = context["run"]
+    assert isinstance(run, Run)
+    # Here, not in _run_context: the summary partial that polls does not list files.
+    context["files"] = artifacts.run_files(project_id=run.project_id, run_id=run.pk)
+    context["datasets"] = mlflow_selectors.run_datasets(run=run)
+    return render(request, "dashboard/run.html", context)
+
+
+@login_required
+@require_GET
+def run_file(request: HttpRequest, project: str, run_id: str, path: str) -> HttpResponseBase:
+    """One of a run's files (MLflow artifacts): a download, or with ?preview=1 shown in the
+    browser (images, text; anything a browser would run is sent as text)."""
+    run = run_for(user=request.user, project_slug=project, run_id=run_id)
+    download = artifacts.run_file_open(project_id=run.project_id, run_id=run.pk, path=path)
+    if download is None:
+        raise Http404("No such file")
+    return artifacts.file_response(download, inline=request.GET.get("preview") == "1")
 
 
 @login_required

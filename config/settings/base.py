@@ -326,3 +326,9 @@ RUNCAST_FORECAST_FULL_DAYS = env.float("RUNCAST_FORECAST_FULL_DAYS", default=7.0
 RUNCAST_FORECAST_THIN_INTERVAL_S = env.float("RUNCAST_FORECAST_THIN_INTERVAL_S", default=3600.0)
 RUNCAST_CONDITIONS_KEEP_HOURS = env.float("RUNCAST_CONDITIONS_KEEP_HOURS", default=24.0)
 RUNCAST_BATCH_KEEP_DAYS = env.float("RUNCAST_BATCH_KEEP_DAYS", default=7.0)
+
+# Artifacts (MLflow's log_artifact, log_model; docs/mlflow.md#artifacts): files under this folder
+# (a volume in compose), each at most RUNCAST_ARTIFACT_MAX_BYTES (a larger upload is refused
+# naming the limit; it is streamed to disk, never held in memory).
+RUNCAST_ARTIFACT_ROOT = env.str("RUNCAST_ARTIFACT_ROOT", default=str(VAR_DIR / "artifacts"))
+RUNCAST_ARTIFACT_MAX_BYTES = env.int("RUNCAST_ARTIFACT_MAX_BYTES", default=2 * 1024**3)

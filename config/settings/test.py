@@ -6,7 +6,10 @@ PostgreSQL and Redis while a laptop falls back to SQLite.
 
 from __future__ import annotations
 
+import atexit as _atexit
 import os
+import shutil as _shutil
+import tempfile as _tempfile
 
 # Base refuses to start without SECRET_KEY outside the embedded mode (CI sets DATABASE_URL).
 os.environ.setdefault("SECRET_KEY", "test-only-key-" + "x" * 50)
@@ -30,6 +33,18 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 SITE_URL = "http://testserver"
+# A test process's artifacts never land in var/ (tests that look at them set their own folder).
+RUNCAST_ARTIFACT_ROOT = os.path.join(
+    _tempfile.gettempdir(), f"runcast-test-artifacts-{os.getpid()}"
+)
+
+
+def _artifacts_remove(owner: int = os.getpid()) -> None:
+    if os.getpid() == owner:  # a forked child leaves its parent's folder alone
+        _shutil.rmtree(RUNCAST_ARTIFACT_ROOT, ignore_errors=True)
+
+
+_atexit.register(_artifacts_remove)
 
 if CELERY_BROKER_URL.startswith("filesystem://"):  # noqa: F405
     # A broker folder of this test process's own: a running `scripts/dev` worker shares var/broker

@@ -96,8 +96,9 @@ def test_run_page_queries_are_bounded(client, member, run, django_assert_max_num
     client.force_login(member)
     # A constant per panel, whatever the run's size: session, user, membership, run, forecasts,
     # open flags, flag history, chunk index, the run's GPU processes (cost split), whether ranks
-    # reported (the Ranks panel) and the project's deadlines (the plan form).
-    with django_assert_max_num_queries(12):
+    # reported (the Ranks panel) and the project's deadlines (the plan form); the page alone
+    # also reads the datasets an MLflow run logged (the Files panel; its files are on disk).
+    with django_assert_max_num_queries(13):
         assert client.get("/runs/llm/r/").status_code == 200
     with django_assert_max_num_queries(12):  # the same panels, refreshed
         assert client.get("/runs/llm/r/summary/").status_code == 200

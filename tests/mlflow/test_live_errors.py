@@ -74,7 +74,7 @@ def test_it_answers_raw_requests_in_mlflow_error_json(live_server: Any, ml_token
     too_big = requests.post(f"{base}/runs/log-batch", json=huge, headers=auth)
     assert "at most 1000000 bytes" in too_big.json()["message"]
 
-    for path in ("registered-models/search", "artifacts/list", "traces/search", "no/such/thing"):
+    for path in ("registered-models/search", "traces/search", "no/such/thing"):
         answer = requests.get(f"{base}/{path}", headers=auth)
         assert answer.headers["Content-Type"] == "application/json", path
         assert answer.json()["error_code"] in ("NOT_IMPLEMENTED", "ENDPOINT_NOT_FOUND"), path
@@ -143,13 +143,6 @@ def test_tokens_see_only_their_project(
         f"{base}/runs/set-tag", json={"run_id": run_id, "key": "a", "value": "b"}, headers=read_only
     )
     assert (refused.status_code, refused.json()["error_code"]) == (403, "PERMISSION_DENIED")
-
-
-def test_log_artifact_fails_saying_artifacts_are_not_kept(mlflow_env: Any, tmp_path: Any) -> None:
-    path = tmp_path / "notes.txt"
-    path.write_text("hello")
-    with mlflow_env.start_run(), pytest.raises(Exception, match="does not keep artifacts"):
-        mlflow_env.log_artifact(str(path))
 
 
 def test_it_resumes_a_run_by_id_as_a_new_segment(mlflow_env: Any) -> None:

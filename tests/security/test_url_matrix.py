@@ -12,6 +12,7 @@ message saying where to classify it.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, r
 
 from alerts import services as alert_services
 from alerts.models import Channel
-from tracker import invitations
+from tracker import artifacts, invitations
 from tracker.gpu import services as gpu_services
 from tracker.models import ApiToken, Deadline, Membership, Project, Run
 from tracker.project_settings import services as settings_services
@@ -73,6 +74,7 @@ PAGES: dict[str, Page] = {
     "dashboard:run": Page(get="viewer", post=None),
     "dashboard:run-summary": Page(get="viewer", post=None),
     "dashboard:run-ranks": Page(get="viewer", post=None),
+    "dashboard:run-file": Page(get="viewer", post=None),
     "dashboard:run-plan": Page(get=None, post="member", data={"total_steps": "20"}),
     "dashboard:host": Page(get="viewer", post=None),
     "dashboard:run-series": Page(get="viewer", post=None),
@@ -283,6 +285,7 @@ class World:
             "invitation_id": self.invitation_id,
             "token": self.invitation_token,
             "host": "node-3",
+            "path": "notes.txt",
         }
         missing = [p for p in url.params if p not in values]
         assert not missing, f"{url.name}: no real value for path parameter(s) {missing}"
@@ -324,6 +327,8 @@ def world(
     outsider: User,
 ) -> World:
     run = Run.objects.create(project=project, public_id="pretrain", name="pretrain", total_steps=10)
+    prefix = artifacts.run_prefix(project_id=project.pk, run_id=run.pk)
+    artifacts.artifact_store().write(f"{prefix}/notes.txt", io.BytesIO(b"notes"), max_bytes=100)
     channel = alert_services.channel_create(
         project=project, kind="email", name="lead", target="lead@example.com"
     )
@@ -641,12 +646,20 @@ def test_the_mlflow_api_answers_each_token_as_mlflow_does(world: World, token: s
         content_type="application/json",
         **_mlflow_auth(world, token, "write"),
     )
-    artifacts = client.get(
-        "/api/2.0/mlflow-artifacts/artifacts", **_mlflow_auth(world, token, "read")
+    listed = client.get(
+        "/api/2.0/mlflow-artifacts/artifacts",
+        {"path": f"0/{run_id}/artifacts"},
+        **_mlflow_auth(world, token, "read"),
+    )
+    uploaded = client.put(
+        f"/api/2.0/mlflow-artifacts/artifacts/0/{run_id}/artifacts/a.txt",
+        data=b"a",
+        content_type="text/plain",
+        **_mlflow_auth(world, token, "write"),
     )
     assert (_mlflow_answer(got), _mlflow_answer(logged)) == MLFLOW_ANSWERS[token]
-    # Artifacts are not kept, for anyone: the same 501 with or without a token discloses nothing.
-    assert _mlflow_answer(artifacts) == (501, "NOT_IMPLEMENTED")
+    # The run's artifacts answer as the run does: a read token lists, a write token uploads.
+    assert (_mlflow_answer(listed), _mlflow_answer(uploaded)) == MLFLOW_ANSWERS[token]
     if got.status_code == 200:
         assert got.json()["run"]["info"]["run_id"] == run_id
     # Only the write token's param is logged; every refusal leaves the run as it was.

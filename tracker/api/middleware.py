@@ -6,6 +6,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from tracker import limits
 
+ARTIFACTS_PATH = "/api/2.0/mlflow-artifacts/"
+
 
 class RequestSizeLimitMiddleware:
     """Refuse an oversized API body with 413 before anything reads it.
@@ -18,7 +20,9 @@ class RequestSizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path.startswith("/api/"):
+        # Artifact uploads are files, streamed to storage under their own limit
+        # (RUNCAST_ARTIFACT_MAX_BYTES, tracker.artifacts), never read into memory.
+        if request.path.startswith("/api/") and not request.path.startswith(ARTIFACTS_PATH):
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:

@@ -25,14 +25,18 @@ STATUS = {
 
 
 class MlflowError(Exception):
-    def __init__(self, message: str, code: str = "INVALID_PARAMETER_VALUE") -> None:
+    def __init__(
+        self, message: str, code: str = "INVALID_PARAMETER_VALUE", *, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        # A status other than the code's own (413 for a file over the size limit).
+        self._status = status
 
     @property
     def status(self) -> int:
-        return STATUS.get(self.code, 500)
+        return self._status or STATUS.get(self.code, 500)
 
     def body(self) -> dict[str, str]:
         return {"error_code": self.code, "message": self.message}

@@ -66,6 +66,13 @@ class RunLink(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     # The MLflow server a run was imported from (`runcast_import_mlflow`); blank when logged here.
     imported_from = models.CharField(max_length=500, blank=True)
+    # `log_input(s)`: the datasets a run read, as MLflow's DatasetInput JSON ({"tags": [...],
+    # "dataset": {name, digest, source_type, source, schema, profile}}), each (name, digest)
+    # once; and the logged models it read (`model_inputs`: [{"model_id"}]).
+    dataset_inputs = models.JSONField(default=list, blank=True)
+    model_inputs = models.JSONField(default=list, blank=True)
+    # `log_outputs` (what log_model sends): [{"model_id", "step"}].
+    model_outputs = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return f"mlflow run {self.run.public_id}"
@@ -73,3 +80,43 @@ class RunLink(models.Model):
     @property
     def session(self) -> str:
         return f"mlflow-{self.attempt}"
+
+
+class LoggedModel(models.Model):
+    """An MLflow 3 logged model (`mlflow.<flavor>.log_model` creates one, uploads its files to
+    its artifact location, then finalizes it). Its files live in the artifact store under the
+    model's own prefix (tracker.artifacts.model_prefix)."""
+
+    class Status(models.TextChoices):
+        PENDING = "LOGGED_MODEL_PENDING"
+        READY = "LOGGED_MODEL_READY"
+        FAILED = "LOGGED_MODEL_UPLOAD_FAILED"
+
+    class Stage(models.TextChoices):
+        ACTIVE = "active"
+        DELETED = "deleted"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="mlflow_models")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="models")
+    # MLflow's form: "m-" and 32 hex digits, made by the server.
+    model_id = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=500)
+    model_type = models.CharField(max_length=500, blank=True)
+    # The run that logged it; a model outlives its run in MLflow, so the id is kept as text.
+    source_run_id = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=32, choices=Status.choices, default=Status.PENDING)
+    status_message = models.TextField(blank=True)
+    lifecycle_stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.ACTIVE)
+    tags = models.JSONField(default=dict, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    # Metrics logged with this model's id: [{key, value, timestamp, step, run_id, dataset_name,
+    # dataset_digest}], each point once.
+    metrics = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=now)
+    updated_at = models.DateTimeField(default=now)
+
+    class Meta:
+        indexes = [models.Index(fields=["project", "experiment"], name="mlflow_model_exp_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.model_id} ({self.name})"

@@ -9,6 +9,7 @@ are accepted. Django-free apart from nothing: these are plain functions over dic
 from __future__ import annotations
 
 import json
+import logging
 import math
 import posixpath
 import re
@@ -20,6 +21,8 @@ import numpy as np
 from tracker import limits
 from tracker.mlflow.errors import MlflowError, invalid, missing
 from tracker.services import SeriesIn
+
+logger = logging.getLogger(__name__)
 
 # MLflow's documented limits (mlflow.utils.validation).
 MAX_METRICS_PER_BATCH = 1000
@@ -215,7 +218,16 @@ def key_value(item: Any, path: str, *, value_limit: int) -> KeyValue:
         raw = str(raw)  # lenient like MLflow's proto parser, which takes numbers for strings
     value = string({"value": raw}, "value", path=f"{path}.value" if path else "value")
     if len(value) > value_limit:
-        raise too_long(f"{path}.value" if path else "value", value_limit)
+        # As MLflow's store does (MLFLOW_TRUNCATE_LONG_VALUES, on by default): a script that
+        # logs a long config must not crash over it. The server log says what was cut.
+        logger.warning(
+            "MLflow %s '%s' of %d characters truncated to %d characters",
+            f"{path}.value" if path else "value",
+            limits.echo(key),
+            len(value),
+            value_limit,
+        )
+        value = value[:value_limit]
     return KeyValue(key=key, value=value)
 
 
@@ -251,6 +263,11 @@ class MetricIn:
     value: float
     timestamp_ms: int
     step: int
+    # MLflow 3: a metric may also belong to a logged model (log_model links the run's metrics
+    # of its step to the model) and name the dataset it was computed on.
+    model_id: str = ""
+    dataset_name: str = ""
+    dataset_digest: str = ""
 
 
 def metric_of(item: Any, path: str) -> MetricIn:
@@ -277,7 +294,16 @@ def metric_of(item: Any, path: str) -> MetricIn:
     assert step is not None
     if abs(step) > limits.MAX_ABS_STEP:
         raise invalid_value(f"{p}step", step, f"Step must be within ±{limits.MAX_ABS_STEP}")
-    return MetricIn(key=key, value=value, timestamp_ms=timestamp, step=step)
+    model_id = string(item, "model_id", path=f"{p}model_id")
+    return MetricIn(
+        key=key,
+        value=value,
+        timestamp_ms=timestamp,
+        step=step,
+        model_id=id_checked(model_id, f"{p}model_id", MAX_RUN_ID_LENGTH),
+        dataset_name=string(item, "dataset_name", path=f"{p}dataset_name")[:500],
+        dataset_digest=string(item, "dataset_digest", path=f"{p}dataset_digest")[:64],
+    )
 
 
 def batch_limits(metrics: list[Any], params: list[Any], tags: list[Any]) -> None:
@@ -313,3 +339,56 @@ def series_of(metrics: list[MetricIn]) -> list[SeriesIn]:
         )
         for key, ms in grouped.items()
     ]
+
+
+# --- dataset inputs --------------------------------------------------------------------------
+
+MAX_DATASETS_PER_BATCH = 1000
+# MLflow's sizes (mlflow.utils.validation): name, digest, source, schema, profile; input tags.
+DATASET_LIMITS = {
+    "name": 500,
+    "digest": 36,
+    "source_type": 500,
+    "source": 65535,
+    "schema": 1048575,
+    "profile": 16777215,
+}
+MAX_INPUT_TAG_KEY_SIZE = 255
+MAX_INPUT_TAG_VALUE_SIZE = 500
+
+
+def dataset_inputs_of(items: list[Any], *, path: str = "datasets") -> list[dict[str, Any]]:
+    """`log_inputs`' datasets as MLflow's DatasetInput JSON, checked by MLflow's rules."""
+    if len(items) > MAX_DATASETS_PER_BATCH:
+        raise invalid(
+            f"A batch logging request can contain at most {MAX_DATASETS_PER_BATCH} datasets. "
+            f"Got {len(items)} datasets."
+        )
+    out = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("dataset"), dict):
+            raise invalid_value(where, item, "must be an object with a 'dataset'")
+        raw = item["dataset"]
+        dataset: dict[str, str] = {}
+        for name, limit in DATASET_LIMITS.items():
+            required = name in ("name", "digest", "source_type", "source")
+            value = string(raw, name, required=required, path=f"{where}.dataset.{name}")
+            if len(value) > limit:
+                raise too_long(f"{where}.dataset.{name}", limit)
+            if value:
+                dataset[name] = value
+        tags = []
+        for j, tag in enumerate(array(item, "tags")):
+            tag_path = f"{where}.tags[{j}]"
+            if not isinstance(tag, dict):
+                raise invalid_value(tag_path, tag, "must be an object with 'key' and 'value'")
+            key = string(tag, "key", required=True, path=f"{tag_path}.key")
+            value = string(tag, "value", required=True, path=f"{tag_path}.value")
+            if len(key) > MAX_INPUT_TAG_KEY_SIZE:
+                raise too_long(f"{tag_path}.key", MAX_INPUT_TAG_KEY_SIZE)
+            if len(value) > MAX_INPUT_TAG_VALUE_SIZE:
+                raise too_long(f"{tag_path}.value", MAX_INPUT_TAG_VALUE_SIZE)
+            tags.append({"key": key, "value": value})
+        out.append({"tags": tags, "dataset": dataset})
+    return out

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from tracker import query
 from tracker.mlflow import parsing
 from tracker.mlflow.errors import invalid
-from tracker.mlflow.models import Experiment, RunLink
+from tracker.mlflow.models import Experiment, LoggedModel, RunLink
 from tracker.models import Project
 
 RUNS = query.Schema(
@@ -43,6 +43,23 @@ EXPERIMENTS = query.Schema(
     },
     tags="tags",
     tie="public_id",
+)
+
+LOGGED_MODELS = query.Schema(
+    noun="Logged models",
+    attributes={
+        "name": query.Attribute("name"),
+        "model_id": query.Attribute("model_id"),
+        "model_type": query.Attribute("model_type"),
+        "status": query.Attribute("status"),
+        "source_run_id": query.Attribute("source_run_id"),
+        "creation_timestamp": query.Attribute("created_at", query.Kind.MILLIS),
+        "last_updated_timestamp": query.Attribute("updated_at", query.Kind.MILLIS),
+    },
+    aliases={"creation_time": "creation_timestamp", "last_updated_time": "last_updated_timestamp"},
+    tags="tags",
+    params="params",
+    tie="model_id",
 )
 
 
@@ -91,6 +108,20 @@ def experiments(
         found = active if view == "ACTIVE_ONLY" else found.exclude(pk__in=active.values("pk"))
     order = search.order or [query.OrderKey("attributes", "creation_time", ascending=False)]
     return _page(found, EXPERIMENTS, Search(search.comparisons, order), limit, page_token)
+
+
+def logged_models(
+    *, project: Project, experiment_ids: list[str], search: Search, limit: int, page_token: str
+) -> tuple[list[LoggedModel], str | None]:
+    """One page of the project's active logged models in these experiments, newest first
+    unless ordered."""
+    found = LoggedModel.objects.select_related("experiment").filter(
+        project=project,
+        experiment__public_id__in=experiment_ids,
+        lifecycle_stage=LoggedModel.Stage.ACTIVE,
+    )
+    order = [*search.order, query.OrderKey("attributes", "creation_timestamp", ascending=False)]
+    return _page(found, LOGGED_MODELS, Search(search.comparisons, order), limit, page_token)
 
 
 def _page(

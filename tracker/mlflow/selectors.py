@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tracker import selectors as tracker_selectors
-from tracker.mlflow.models import Experiment, RunLink
+from tracker.mlflow import artifacts
+from tracker.mlflow.models import Experiment, LoggedModel, RunLink
 from tracker.models import LatestMetric, Project, Run
 
 
@@ -39,11 +41,13 @@ def _ms(dt: Any) -> int:
 
 
 def number(value: float) -> float | str:
-    """A double in protobuf's JSON: non-finite values are the strings "NaN", "Infinity"."""
+    """A double as MLflow's server answers it: NaN as protobuf's "NaN", and ±Inf clamped to
+    ±1.7976931348623157e308 as its store saves them (Runcast keeps the Inf, which forecasts
+    read as a divergence; only the answer is MLflow's)."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
+        return sys.float_info.max if value > 0 else -sys.float_info.max
     return value
 
 
@@ -51,7 +55,8 @@ def experiment_json(experiment: Experiment) -> dict[str, Any]:
     return {
         "experiment_id": experiment.public_id,
         "name": experiment.name,
-        # Runcast keeps no artifacts; a location that no artifact client can write to says so.
+        # As `mlflow server --serve-artifacts`: the client resolves it against the tracking URI
+        # and reaches Runcast's artifact proxy (tracker.mlflow.artifacts).
         "artifact_location": f"mlflow-artifacts:/{experiment.public_id}",
         "lifecycle_stage": experiment.lifecycle_stage,
         "creation_time": _ms(experiment.created_at),
@@ -70,10 +75,7 @@ def run_info_json(link: RunLink) -> dict[str, Any]:
         "user_id": link.user_id,
         "status": link.status,
         "start_time": _ms(run.started_at),
-        # Artifacts go to the MLflow artifact proxy path, which answers that Runcast keeps none.
-        "artifact_uri": (
-            f"mlflow-artifacts:/{link.experiment.public_id}/{run.public_id}/artifacts"
-        ),
+        "artifact_uri": artifacts.run_artifact_uri(link),
         "lifecycle_stage": link.lifecycle_stage,
     }
     if link.end_time_ms is not None:
@@ -127,8 +129,61 @@ def run_json(link: RunLink, *, latest: dict[str, Latest] | None = None) -> dict[
             "params": [{"key": k, "value": str(v)} for k, v in sorted(run.config.items())],
             "tags": [{"key": k, "value": v} for k, v in sorted(link.tags.items())],
         },
-        "inputs": {},
-        "outputs": {},
+        "inputs": _inputs_json(link),
+        "outputs": {"model_outputs": link.model_outputs} if link.model_outputs else {},
+    }
+
+
+def _inputs_json(link: RunLink) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    if link.dataset_inputs:
+        inputs["dataset_inputs"] = link.dataset_inputs
+    if link.model_inputs:
+        inputs["model_inputs"] = link.model_inputs
+    return inputs
+
+
+# --- logged models ---------------------------------------------------------------------------
+
+
+def logged_model_find(
+    *, project: Project, model_id: str, allow_deleted: bool = False
+) -> LoggedModel | None:
+    found = LoggedModel.objects.select_related("experiment").filter(
+        project=project, model_id=model_id
+    )
+    if not allow_deleted:
+        found = found.filter(lifecycle_stage=LoggedModel.Stage.ACTIVE)
+    return found.first()
+
+
+def logged_model_json(model: LoggedModel) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "model_id": model.model_id,
+        "experiment_id": model.experiment.public_id,
+        "name": model.name,
+        "creation_timestamp_ms": _ms(model.created_at),
+        "last_updated_timestamp_ms": _ms(model.updated_at),
+        "artifact_uri": artifacts.model_artifact_uri(model),
+        "status": model.status,
+        "tags": [{"key": k, "value": v} for k, v in sorted(model.tags.items())],
+    }
+    if model.model_type:
+        info["model_type"] = model.model_type
+    if model.source_run_id:
+        info["source_run_id"] = model.source_run_id
+    if model.status_message:
+        info["status_message"] = model.status_message
+    metrics = [
+        {k: v for k, v in {**m, "model_id": model.model_id}.items() if v not in ("", None)}
+        for m in model.metrics
+    ]
+    return {
+        "info": info,
+        "data": {
+            "params": [{"key": k, "value": v} for k, v in sorted(model.params.items())],
+            "metrics": metrics,
+        },
     }
 
 
@@ -177,4 +232,62 @@ def metric_history_sampled(
             "run_id": run.public_id,
         }
         for i in idx.tolist()
+    ]
+
+
+# --- datasets --------------------------------------------------------------------------------
+
+DATASET_CONTEXT_TAG = "mlflow.data.context"
+MAX_DATASET_SUMMARIES = 1000
+
+
+def dataset_summaries(*, project: Project, experiment_ids: list[str]) -> list[dict[str, str]]:
+    """`experiments/search-datasets`: each (experiment, dataset name, digest, context) the
+    experiments' runs logged, once, as MLflow's server lists them (at most 1,000)."""
+    links = RunLink.objects.filter(
+        run__project=project, experiment__public_id__in=experiment_ids
+    ).exclude(dataset_inputs=[])
+    seen: dict[tuple[str, str, str, str], None] = {}
+    rows = links.values_list("experiment__public_id", "dataset_inputs").order_by("pk")
+    for experiment_id, inputs in rows.iterator(chunk_size=500):
+        for item in inputs:
+            dataset = item["dataset"]
+            seen[(experiment_id, dataset["name"], dataset["digest"], _context(item))] = None
+        if len(seen) >= MAX_DATASET_SUMMARIES:
+            break
+    out = []
+    for experiment_id, name, digest, context in list(seen)[:MAX_DATASET_SUMMARIES]:
+        summary = {"experiment_id": experiment_id, "name": name, "digest": digest}
+        if context:
+            summary["context"] = context
+        out.append(summary)
+    return out
+
+
+def _context(item: dict[str, Any]) -> str:
+    """What a dataset was used for (log_input's `context`: "training", "eval"), or ""."""
+    return next((t["value"] for t in item["tags"] if t["key"] == DATASET_CONTEXT_TAG), "")
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    name: str
+    digest: str
+    context: str
+    source_type: str
+
+
+def run_datasets(*, run: Run) -> list[DatasetRow]:
+    """The datasets an MLflow run logged (`log_input`), for its page; none for other runs."""
+    link = RunLink.objects.filter(run=run).only("dataset_inputs").first()
+    if link is None:
+        return []
+    return [
+        DatasetRow(
+            name=item["dataset"]["name"],
+            digest=item["dataset"]["digest"],
+            context=_context(item),
+            source_type=item["dataset"].get("source_type", ""),
+        )
+        for item in link.dataset_inputs
     ]

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from tracker import limits
+from tracker import selectors as tracker_selectors
 from tracker import services as tracker_services
 from tracker.limits import echo
 from tracker.mlflow.errors import MlflowError, invalid, not_found
@@ -25,10 +27,11 @@ from tracker.mlflow.models import (
     DEFAULT_EXPERIMENT_ID,
     DEFAULT_EXPERIMENT_NAME,
     Experiment,
+    LoggedModel,
     RunLink,
 )
 from tracker.mlflow.parsing import KeyValue, MetricIn, series_of
-from tracker.models import Deadline, Project, Run
+from tracker.models import Deadline, LatestMetric, Project, Run
 
 RUN_NAME_TAG = "mlflow.runName"
 # MLflow statuses a client may set, and the Runcast ending each one is.
@@ -128,6 +131,7 @@ def experiment_create(*, project: Project, name: str, tags: dict[str, str]) -> E
 
 
 def experiment_rename(*, experiment: Experiment, name: str) -> None:
+    experiment_check_active(experiment=experiment)
     if experiment.public_id == DEFAULT_EXPERIMENT_ID:
         raise invalid("The default experiment cannot be renamed in Runcast.")
     clash = Experiment.objects.filter(project=experiment.project_id, name=name)
@@ -143,15 +147,30 @@ def experiment_set_stage(*, experiment: Experiment, stage: str) -> None:
         raise invalid(
             "Cannot delete the default experiment '0'. This is an internally reserved ID."
         )
-    Experiment.objects.filter(pk=experiment.pk).update(
-        lifecycle_stage=stage, updated_at=timezone.now()
-    )
+    if experiment.lifecycle_stage == stage:
+        return  # restoring an active experiment must not revive the runs deleted one by one
+    with transaction.atomic():
+        Experiment.objects.filter(pk=experiment.pk).update(
+            lifecycle_stage=stage, updated_at=timezone.now()
+        )
+        # As MLflow's store: deleting an experiment deletes its runs (no longer searchable nor
+        # writable), restoring it restores them.
+        RunLink.objects.filter(experiment=experiment).update(lifecycle_stage=stage)
+
+
+def experiment_check_active(*, experiment: Experiment) -> None:
+    if experiment.lifecycle_stage != Experiment.Stage.ACTIVE:
+        raise invalid(
+            f"The experiment {experiment.public_id} must be in the 'active' state. "
+            f"Current state is {experiment.lifecycle_stage}."
+        )
 
 
 @transaction.atomic
 def experiment_set_tag(*, experiment: Experiment, key: str, value: str | None) -> None:
     """Set (or, with value None, delete) one experiment tag."""
     locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+    experiment_check_active(experiment=locked)
     if value is None:
         locked.tags.pop(key, None)
     else:
@@ -288,6 +307,9 @@ def run_log(
     with transaction.atomic():
         if params or tags:
             _params_tags_store(link=link, params=params, tags=tags)
+        if any(m.model_id for m in metrics):
+            _model_metrics_record(link=link, metrics=metrics)
+        metrics = _new_points(run=link.run, metrics=metrics)
         if not metrics:
             return LogResult(points=0, duplicate=False)
         result = tracker_services.batch_ingest(
@@ -299,6 +321,48 @@ def run_log(
             heartbeat=heartbeat,
         )
     return LogResult(points=result.accepted, duplicate=result.duplicate)
+
+
+def _new_points(*, run: Run, metrics: list[MetricIn]) -> list[MetricIn]:
+    """The points not stored yet: MLflow keeps a point, (key, timestamp, step, value), once, so
+    `log_batch([A])` then `log_batch([A, B])` stores A once (and log_model's re-logging of the
+    run's metrics at its step with the model's id adds nothing to the run). A training that
+    logs forward pays a pass over the batch, no query; stored points are read only for the keys
+    whose points reach back to a stored step, and the batch is deduplicated only when a
+    (key, step) repeats in it."""
+    if not metrics:
+        return metrics
+    lowest: dict[str, int] = {}
+    for m in metrics:
+        if m.step < lowest.get(m.key, m.step + 1):
+            lowest[m.key] = m.step
+    repeats = len({(m.key, m.step) for m in metrics}) != len(metrics)
+    # In a run's first attempt last_step is the highest step stored for any key (a resume
+    # starts it over), so a batch wholly beyond it has nothing stored to repeat.
+    run_top = run.last_step if run.current_segment <= 1 else None
+    if run_top is not None and min(lowest.values()) > run_top and not repeats:
+        return metrics
+    latest = dict(
+        LatestMetric.objects.filter(run=run, key__in=list(lowest)).values_list("key", "step")
+    )
+    behind = {k for k, step in lowest.items() if k in latest and step <= latest[k]}
+    if not behind and not repeats:
+        return metrics
+    unique = list({_point(m): m for m in metrics}.values())
+    stored: set[tuple[str, int, int, str]] = set()
+    for key in behind:
+        series = tracker_selectors.series_load(run=run, key=key, resolve=False)
+        stamps = np.rint(series.times * 1000).astype(np.int64).tolist()
+        for step, stamp, value in zip(
+            series.steps.tolist(), stamps, series.values.tolist(), strict=True
+        ):
+            stored.add((key, stamp, step, float(value).hex()))
+    return [m for m in unique if _point(m) not in stored]
+
+
+def _point(m: MetricIn) -> tuple[str, int, int, str]:
+    # hex(): exact, and every NaN is one value (NaN != NaN would keep each).
+    return (m.key, m.timestamp_ms, m.step, m.value.hex())
 
 
 def _params_tags_store(*, link: RunLink, params: list[KeyValue], tags: list[KeyValue]) -> None:
@@ -346,3 +410,138 @@ def run_delete_tag(*, link: RunLink, key: str) -> None:
 
 def run_set_stage(*, link: RunLink, stage: str) -> None:
     RunLink.objects.filter(pk=link.pk).update(lifecycle_stage=stage)
+
+
+# --- datasets and model links of a run ---------------------------------------------------------
+
+
+@transaction.atomic
+def run_log_inputs(*, link: RunLink, datasets: list[dict[str, Any]], model_ids: list[str]) -> None:
+    """`log_input(s)`: keep each dataset (by name and digest) once, its latest tags winning,
+    and each logged model read once."""
+    fresh = RunLink.objects.select_for_update().get(pk=link.pk)
+    kept = {(d["dataset"]["name"], d["dataset"]["digest"]): d for d in fresh.dataset_inputs}
+    for item in datasets:
+        kept[(item["dataset"]["name"], item["dataset"]["digest"])] = item
+    fresh.dataset_inputs = list(kept.values())
+    known = {m["model_id"] for m in fresh.model_inputs}
+    fresh.model_inputs += [{"model_id": m} for m in dict.fromkeys(model_ids) if m not in known]
+    fresh.save(update_fields=["dataset_inputs", "model_inputs"])
+
+
+@transaction.atomic
+def run_log_outputs(*, link: RunLink, outputs: list[tuple[str, int]]) -> None:
+    """`log_outputs` (log_model sends it): the logged models the run produced, at which step."""
+    fresh = RunLink.objects.select_for_update().get(pk=link.pk)
+    known = {(o["model_id"], o["step"]) for o in fresh.model_outputs}
+    fresh.model_outputs += [
+        {"model_id": m, "step": s} for m, s in dict.fromkeys(outputs) if (m, s) not in known
+    ]
+    fresh.save(update_fields=["model_outputs"])
+
+
+# --- logged models (MLflow 3) ------------------------------------------------------------------
+
+
+def logged_model_create(
+    *,
+    project: Project,
+    experiment: Experiment,
+    name: str,
+    model_type: str,
+    source_run_id: str,
+    params: list[KeyValue],
+    tags: list[KeyValue],
+) -> LoggedModel:
+    if experiment.lifecycle_stage != Experiment.Stage.ACTIVE:
+        raise invalid(
+            f"Could not create a logged model under non-active experiment with ID "
+            f"{experiment.public_id}."
+        )
+    model_id = f"m-{uuid.uuid4().hex}"
+    return LoggedModel.objects.create(
+        project=project,
+        experiment=experiment,
+        model_id=model_id,
+        # MLflow names an unnamed model at random; its id's head is as unique and says more.
+        name=name or f"model-{model_id[2:10]}",
+        model_type=model_type,
+        source_run_id=source_run_id,
+        params={p.key: p.value for p in params},
+        tags={t.key: t.value for t in tags},
+    )
+
+
+def logged_model_finalize(*, model: LoggedModel, status: str) -> LoggedModel:
+    model.status = status
+    model.updated_at = timezone.now()
+    model.save(update_fields=["status", "updated_at"])
+    return model
+
+
+@transaction.atomic
+def logged_model_update(
+    *,
+    model: LoggedModel,
+    params: list[KeyValue] | None = None,
+    tags: list[KeyValue] | None = None,
+    delete_tag: str | None = None,
+) -> None:
+    """Set params and tags of a logged model, or delete one tag (RESOURCE_DOES_NOT_EXIST if
+    the model has no such tag, as MLflow answers)."""
+    locked = LoggedModel.objects.select_for_update().get(pk=model.pk)
+    locked.params.update({p.key: p.value for p in params or []})
+    locked.tags.update({t.key: t.value for t in tags or []})
+    if delete_tag is not None:
+        if delete_tag not in locked.tags:
+            raise not_found(
+                f"No tag with key {echo(delete_tag)!r} found for model with ID {locked.model_id!r}."
+            )
+        del locked.tags[delete_tag]
+    locked.updated_at = timezone.now()
+    locked.save(update_fields=["params", "tags", "updated_at"])
+
+
+def logged_model_delete(*, model: LoggedModel) -> None:
+    """MLflow's delete: the model is marked deleted (get answers it only with allow_deleted);
+    its files stay until the model row goes (with its experiment or project)."""
+    LoggedModel.objects.filter(pk=model.pk).update(
+        lifecycle_stage=LoggedModel.Stage.DELETED, updated_at=timezone.now()
+    )
+
+
+def _model_metrics_record(*, link: RunLink, metrics: list[MetricIn]) -> None:
+    """Metrics logged with a model id also become that model's metrics (each point once).
+    An id of no model of this project is refused, as MLflow refuses an unknown model."""
+    by_model: dict[str, list[MetricIn]] = {}
+    for m in metrics:
+        if m.model_id:
+            by_model.setdefault(m.model_id, []).append(m)
+    for model_id, points in by_model.items():
+        model = (
+            LoggedModel.objects.select_for_update()
+            .filter(project=link.run.project_id, model_id=model_id)
+            .first()
+        )
+        if model is None:
+            raise not_found(f"Logged model with ID '{echo(model_id)}' not found.")
+        seen = {(p["key"], p["timestamp"], p["step"], p["value"]) for p in model.metrics}
+        for m in points:
+            value: float | str = m.value if math.isfinite(m.value) else str(m.value)
+            point = (m.key, m.timestamp_ms, m.step, value)
+            if point in seen:
+                continue
+            seen.add(point)
+            model.metrics.append(
+                {
+                    "key": m.key,
+                    "value": value,
+                    "timestamp": m.timestamp_ms,
+                    "step": m.step,
+                    "run_id": link.run.public_id,
+                    "dataset_name": m.dataset_name,
+                    "dataset_digest": m.dataset_digest,
+                }
+            )
+        model.updated_at = timezone.now()
+        model.save(update_fields=["metrics", "updated_at"])

@@ -7,22 +7,26 @@ JSON. Every failure, an unknown or unsupported endpoint included, answers MLflow
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import Error as DatabaseDriverError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from config import errors
 from tracker import query
 from tracker import services as tracker_services
 from tracker.limits import echo
+from tracker.mlflow import artifacts as mlflow_artifacts
 from tracker.mlflow import parsing, search, selectors, services
 from tracker.mlflow.errors import MlflowError, invalid, not_found, run_not_found
-from tracker.mlflow.models import DEFAULT_EXPERIMENT_ID, Experiment, RunLink
+from tracker.mlflow.models import DEFAULT_EXPERIMENT_ID, Experiment, LoggedModel, RunLink
 from tracker.models import ApiToken
 
 logger = logging.getLogger(__name__)
@@ -36,6 +40,8 @@ class Call:
     token: ApiToken
     data: Data
     raw: bytes
+    # A GET's fields as lists (get-history-bulk repeats `run_id`, which is one id elsewhere).
+    lists: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def project(self) -> Any:
@@ -83,6 +89,9 @@ def experiment_get_by_name(call: Call) -> Data:
 
 def experiment_create(call: Call) -> Data:
     name = parsing.experiment_name(call.data, "name")
+    # Checked as MLflow checks it, then not used: Runcast places every experiment's artifacts
+    # in its own store (tracker.artifacts).
+    parsing.string(call.data, "artifact_location")
     tags = parsing.tags_of(parsing.array(call.data, "tags"))
     experiment = services.experiment_create(
         project=call.project, name=name, tags={t.key: t.value for t in tags}
@@ -106,10 +115,7 @@ def experiment_search(call: Call) -> Data:
         limit=_max_results(call.data, default=1000),
         page_token=parsing.string(call.data, "page_token"),
     )
-    body: Data = {"experiments": [selectors.experiment_json(e) for e in page]}
-    if token:
-        body["next_page_token"] = token
-    return body
+    return _paged("experiments", [selectors.experiment_json(e) for e in page], token)
 
 
 def experiment_update(call: Call) -> Data:
@@ -222,13 +228,21 @@ def log_metric(call: Call) -> Data:
     return {}
 
 
+def _string_value(call: Call) -> None:
+    # MLflow's server asserts a string here (handlers._log_param, _set_tag); inside log-batch
+    # its proto parser is lenient, and so is key_value.
+    parsing.string(call.data, "value")
+
+
 def log_param(call: Call) -> Data:
+    _string_value(call)
     param = parsing.key_value(call.data, "", value_limit=parsing.MAX_PARAM_VAL_LENGTH)
     services.run_log(link=_link(call, active=True), metrics=[], params=[param], tags=[])
     return {}
 
 
 def set_tag(call: Call) -> Data:
+    _string_value(call)
     tag = parsing.key_value(call.data, "", value_limit=parsing.MAX_TAG_VAL_LENGTH)
     services.run_log(link=_link(call, active=True), metrics=[], params=[], tags=[tag])
     return {}
@@ -240,19 +254,65 @@ def delete_tag(call: Call) -> Data:
     return {}
 
 
-def accepted_not_kept(call: Call) -> Data:
-    """log-inputs (datasets), log-outputs and log-model: accepted so that training goes on,
-    not kept (Runcast tracks progress and forecasts; see docs/mlflow.md)."""
+def log_inputs(call: Call) -> Data:
+    datasets = parsing.dataset_inputs_of(parsing.array(call.data, "datasets"))
+    model_ids = []
+    for i, item in enumerate(parsing.array(call.data, "models")):
+        if not isinstance(item, dict):
+            raise parsing.invalid_value(f"models[{i}]", item, "must be an object")
+        path = f"models[{i}].model_id"
+        model_ids.append(parsing.string(item, "model_id", required=True, path=path))
+    services.run_log_inputs(link=_link(call, active=True), datasets=datasets, model_ids=model_ids)
+    return {}
+
+
+def log_outputs(call: Call) -> Data:
+    outputs = []
+    for i, item in enumerate(parsing.array(call.data, "models")):
+        if not isinstance(item, dict):
+            raise parsing.invalid_value(f"models[{i}]", item, "must be an object")
+        model_id = parsing.string(item, "model_id", required=True, path=f"models[{i}].model_id")
+        step = parsing.integer(item.get("step"), f"models[{i}].step", default=0)
+        outputs.append((model_id, step or 0))
+    services.run_log_outputs(link=_link(call, active=True), outputs=outputs)
+    return {}
+
+
+def log_model_accepted(call: Call) -> Data:
+    """runs/log-model (MLflow 2's record of a model in a run's tags): MLflow 3's log_model uses
+    logged models instead; accepted so an older client's training goes on."""
     _link(call)
     return {}
 
 
+def search_datasets(call: Call) -> Data:
+    experiment_ids = parsing.string_list(call.data, "experiment_ids")
+    if not experiment_ids:
+        raise invalid("SearchDatasets request must specify at least one experiment_id.")
+    if len(experiment_ids) > MAX_EXPERIMENTS_SEARCH_DATASETS:
+        raise invalid(
+            f"SearchDatasets request cannot specify more than {MAX_EXPERIMENTS_SEARCH_DATASETS}"
+            f" experiment_ids. Received {len(experiment_ids)} experiment_ids."
+        )
+    summaries = selectors.dataset_summaries(project=call.project, experiment_ids=experiment_ids)
+    return {"dataset_summaries": summaries} if summaries else {}
+
+
+MAX_EXPERIMENTS_SEARCH_DATASETS = 20
+
+
 def metric_history(call: Call) -> Data:
-    link = _link(call)
     key = parsing.string(call.data, "metric_key", required=True)
+    run_id = parsing.run_id_of(call.data)
+    link = selectors.run_link(project=call.project, run_id=run_id)
+    if link is None:
+        return {"metrics": []}  # as MLflow's store answers a run it does not have
     points = selectors.metric_history(run=link.run, key=key)
     if call.data.get("max_results") in (None, ""):
-        return {"metrics": points}
+        if not parsing.string(call.data, "page_token"):
+            return {"metrics": points}
+        # A token without max_results is still a token: checked, and the rest from it.
+        return {"metrics": _page(points, call.data, max(len(points), 1))[0]}
     limit = parsing.integer(call.data.get("max_results"), "max_results")
     if limit is None or limit <= 0:
         raise parsing.invalid_value("max_results", limit, "It must be a positive integer.")
@@ -300,6 +360,37 @@ def metric_history_bulk_interval(call: Call) -> Data:
     return {"metrics": out}
 
 
+MAX_RESULTS_HISTORY_BULK = 25000
+
+
+def metric_history_bulk(call: Call) -> Data:
+    """`metrics/get-history-bulk` (MLflow's UI charts): each run's history of one key, runs in
+    id order, each in logging order, at most max_results points in all."""
+    run_ids = call.lists.get("run_id") or parsing.string_list(call.data, "run_id")
+    if not run_ids:
+        raise invalid("GetMetricHistoryBulk request must specify at least one run_id.")
+    if len(run_ids) > MAX_RUNS_BULK:
+        raise invalid(
+            f"GetMetricHistoryBulk request cannot specify more than {MAX_RUNS_BULK} run_ids. "
+            f"Received {len(run_ids)} run_ids."
+        )
+    key = parsing.string(call.data, "metric_key")
+    if not key:
+        raise invalid("GetMetricHistoryBulk request must specify a metric_key.")
+    limit = parsing.integer(call.data.get("max_results"), "max_results")
+    limit = min(limit or MAX_RESULTS_HISTORY_BULK, MAX_RESULTS_HISTORY_BULK)
+    out: list[Data] = []
+    for i, run_id in enumerate(sorted(run_ids)):
+        parsing.id_checked(run_id, f"run_id[{i}]", parsing.MAX_RUN_ID_LENGTH)
+        link = selectors.run_link(project=call.project, run_id=run_id)
+        if link is None:
+            raise run_not_found(run_id)
+        out += [{**m, "run_id": run_id} for m in selectors.metric_history(run=link.run, key=key)]
+        if len(out) >= limit:
+            break
+    return {"metrics": out[:limit]}
+
+
 def run_search(call: Call) -> Data:
     experiment_ids = parsing.string_list(call.data, "experiment_ids")
     for i, experiment_id in enumerate(experiment_ids):
@@ -315,10 +406,143 @@ def run_search(call: Call) -> Data:
         page_token=parsing.string(call.data, "page_token"),
     )
     latest = selectors.latest_metrics_many(run_ids=[lk.run_id for lk in page])
-    body: Data = {"runs": [selectors.run_json(lk, latest=latest[lk.run_id]) for lk in page]}
-    if token:
-        body["next_page_token"] = token
-    return body
+    return _paged("runs", [selectors.run_json(lk, latest=latest[lk.run_id]) for lk in page], token)
+
+
+# --- logged models (MLflow 3) ----------------------------------------------------------------
+
+_MODEL_STATUSES = {
+    1: LoggedModel.Status.PENDING,
+    2: LoggedModel.Status.READY,
+    3: LoggedModel.Status.FAILED,
+}
+
+
+def _model(call: Call, model_id: str, *, allow_deleted: bool = False) -> LoggedModel:
+    parsing.id_checked(model_id, "model_id", parsing.MAX_RUN_ID_LENGTH)
+    model = selectors.logged_model_find(
+        project=call.project, model_id=model_id, allow_deleted=allow_deleted
+    )
+    if model is None:
+        raise not_found(f"Logged model with ID '{echo(model_id)}' not found.")
+    return model
+
+
+def logged_model_create(call: Call) -> Data:
+    experiment_id = parsing.string(call.data, "experiment_id", required=True)
+    experiment = _experiment(call, experiment_id)
+    source_run_id = parsing.string(call.data, "source_run_id")
+    if source_run_id:
+        parsing.id_checked(source_run_id, "source_run_id", parsing.MAX_RUN_ID_LENGTH)
+        if selectors.run_link(project=call.project, run_id=source_run_id) is None:
+            raise run_not_found(source_run_id)
+    name = parsing.string(call.data, "name")
+    if len(name) > parsing.MAX_EXPERIMENT_NAME_LENGTH:
+        raise parsing.too_long("name", parsing.MAX_EXPERIMENT_NAME_LENGTH)
+    model = services.logged_model_create(
+        project=call.project,
+        experiment=experiment,
+        name=name,
+        model_type=parsing.string(call.data, "model_type")[:500],
+        source_run_id=source_run_id,
+        params=parsing.params_of(parsing.array(call.data, "params")),
+        tags=parsing.tags_of(parsing.array(call.data, "tags")),
+    )
+    return {"model": selectors.logged_model_json(model)}
+
+
+def logged_model_get(call: Call, model_id: str) -> Data:
+    allow_deleted = str(call.data.get("allow_deleted", "")).lower() == "true"
+    model = _model(call, model_id, allow_deleted=allow_deleted)
+    return {"model": selectors.logged_model_json(model)}
+
+
+def logged_model_finalize(call: Call, model_id: str) -> Data:
+    raw = call.data.get("status")
+    if raw in (None, ""):
+        raise parsing.missing("status")
+    statuses = {s.value: s for s in _MODEL_STATUSES.values()}
+    status = statuses.get(raw) if isinstance(raw, str) else None
+    if status is None:
+        number = parsing.integer(raw, "status")
+        if number not in _MODEL_STATUSES:
+            raise parsing.invalid_value("status", raw, f"must be one of {sorted(statuses)}")
+        status = _MODEL_STATUSES[number]
+    model = services.logged_model_finalize(model=_model(call, model_id), status=status)
+    return {"model": selectors.logged_model_json(model)}
+
+
+def logged_model_delete(call: Call, model_id: str) -> Data:
+    services.logged_model_delete(model=_model(call, model_id))
+    return {}
+
+
+def logged_model_set_tags(call: Call, model_id: str) -> Data:
+    tags = parsing.tags_of(parsing.array(call.data, "tags"))
+    services.logged_model_update(model=_model(call, model_id), tags=tags)
+    return {}
+
+
+def logged_model_delete_tag(call: Call, model_id: str, key: str) -> Data:
+    services.logged_model_update(model=_model(call, model_id), delete_tag=key)
+    return {}
+
+
+def logged_model_log_params(call: Call, model_id: str) -> Data:
+    params = parsing.params_of(parsing.array(call.data, "params"))
+    services.logged_model_update(model=_model(call, model_id), params=params)
+    return {}
+
+
+def logged_model_artifacts(call: Call, model_id: str) -> Data:
+    """`logged-models/<id>/artifacts/directories`: a folder of the model's files."""
+    root = mlflow_artifacts.model_artifact_uri(_model(call, model_id))
+    return _folder(call, root, parsing.string(call.data, "artifact_directory_path"))
+
+
+def logged_model_search(call: Call) -> Data:
+    experiment_ids = parsing.string_list(call.data, "experiment_ids")
+    if not experiment_ids:
+        raise parsing.missing("experiment_ids")
+    for i, experiment_id in enumerate(experiment_ids):
+        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
+    order_by = []
+    for i, item in enumerate(parsing.array(call.data, "order_by")):
+        if not isinstance(item, dict):
+            raise parsing.invalid_value(f"order_by[{i}]", item, "must be an object")
+        name = parsing.string(item, "field_name", required=True, path=f"order_by[{i}].field_name")
+        ascending = item.get("ascending", True) not in (False, "false")
+        order_by.append(f"{name} {'ASC' if ascending else 'DESC'}")
+    wanted = search.read(parsing.string(call.data, "filter"), order_by)
+    page, token = search.logged_models(
+        project=call.project,
+        experiment_ids=experiment_ids,
+        search=wanted,
+        limit=_max_results(call.data, default=100),
+        page_token=parsing.string(call.data, "page_token"),
+    )
+    return _paged("models", [selectors.logged_model_json(m) for m in page], token)
+
+
+# --- artifacts through the tracking API ------------------------------------------------------
+
+
+def artifact_list_of_run(call: Call) -> Data:
+    """`artifacts/list?run_id=&path=` (MLflow's UI): a folder of the run's files, paths
+    relative to the run's artifact root."""
+    root = mlflow_artifacts.run_artifact_uri(_link(call))
+    return _folder(call, root, parsing.string(call.data, "path"))
+
+
+def _folder(call: Call, root: str, relative: str) -> Data:
+    """A folder below an artifact root, its entries' paths relative to the root."""
+    place = mlflow_artifacts.place_of(
+        project=call.project, path=f"{root.split(':/', 1)[1]}/{relative}"
+    )
+    files = mlflow_artifacts.files_json(
+        mlflow_artifacts.artifact_list(place=place), under=place.path and relative
+    )
+    return {"root_uri": root, "files": files} if files else {"root_uri": root}
 
 
 # --- paging, ordering, view types ------------------------------------------------------------
@@ -349,6 +573,13 @@ def _max_results(data: Data, *, default: int) -> int:
             "max_results", limit, f"must be between 1 and {parsing.MAX_RESULTS_SEARCH}"
         )
     return limit
+
+
+def _paged(name: str, items: list[Any], token: str | None) -> Data:
+    body: Data = {name: items}
+    if token:
+        body["next_page_token"] = token
+    return body
 
 
 def _page(items: list[Any], data: Data, limit: int) -> tuple[list[Any], str | None]:
@@ -399,24 +630,65 @@ ROUTES: dict[str, Route] = {
     "runs/log-parameter": _r("POST", log_param, write=True),
     "runs/set-tag": _r("POST", set_tag, write=True),
     "runs/delete-tag": _r("POST", delete_tag, write=True),
-    "runs/log-inputs": _r("POST", accepted_not_kept, write=True),
-    "runs/outputs": _r("POST", accepted_not_kept, write=True),
-    "runs/log-model": _r("POST", accepted_not_kept, write=True),
+    "runs/log-inputs": _r("POST", log_inputs, write=True),
+    "runs/outputs": _r("POST", log_outputs, write=True),
+    "runs/log-model": _r("POST", log_model_accepted, write=True),
+    "experiments/search-datasets": _r("POST", search_datasets, write=False),
+    "artifacts/list": _r("GET", artifact_list_of_run, write=False),
+    "logged-models": _r("POST", logged_model_create, write=True),
+    "logged-models/search": _r("POST", logged_model_search, write=False),
     "metrics/get-history": _r("GET", metric_history, write=False),
+    "metrics/get-history-bulk": _r("GET", metric_history_bulk, write=False),
     "metrics/get-history-bulk-interval": _r("GET", metric_history_bulk_interval, write=False),
 }
 
-ARTIFACTS_MESSAGE = (
-    "Runcast does not keep artifacts (files, models, checkpoints): it tracks metrics, params "
-    "and tags and forecasts runs. Keep artifacts in your own storage and log their path as a "
-    "tag or param (see docs/mlflow.md)."
-)
-_UNSUPPORTED = (
-    (("artifacts", "mlflow-artifacts"), ARTIFACTS_MESSAGE),
-    (("registered-models", "model-versions", "webhooks"), "Runcast has no MLflow model registry."),
+# Paths with ids in them: (pattern, {method: (handler, write)}).
+_PATTERNS: list[tuple[re.Pattern[str], dict[str, tuple[Callable[..., Data], bool]]]] = [
     (
-        ("logged-models",),
-        "Runcast keeps no logged models (they are artifacts). " + ARTIFACTS_MESSAGE,
+        re.compile(r"^logged-models/(?P<model_id>[^/]+)$"),
+        {
+            "GET": (logged_model_get, False),
+            "PATCH": (logged_model_finalize, True),
+            "DELETE": (logged_model_delete, True),
+        },
+    ),
+    (
+        re.compile(r"^logged-models/(?P<model_id>[^/]+)/tags$"),
+        {"PATCH": (logged_model_set_tags, True)},
+    ),
+    (
+        re.compile(r"^logged-models/(?P<model_id>[^/]+)/tags/(?P<key>.+)$"),
+        {"DELETE": (logged_model_delete_tag, True)},
+    ),
+    (
+        re.compile(r"^logged-models/(?P<model_id>[^/]+)/params$"),
+        {"POST": (logged_model_log_params, True)},
+    ),
+    (
+        re.compile(r"^logged-models/(?P<model_id>[^/]+)/artifacts/directories$"),
+        {"GET": (logged_model_artifacts, False)},
+    ),
+]
+
+
+def _route(path: str, method: str) -> Route | None:
+    """The route of a path; for a path with ids, the one of its method (or, for a method it
+    does not take, its first, so the answer names the methods it takes)."""
+    if (route := ROUTES.get(path)) is not None:
+        return route
+    for pattern, by_method in _PATTERNS:
+        if (match := pattern.match(path)) is None:
+            continue
+        handler, write = by_method.get(method) or next(iter(by_method.values()))
+        return Route(tuple(by_method), functools.partial(handler, **match.groupdict()), write)
+    return None
+
+
+_UNSUPPORTED = (
+    (
+        ("registered-models", "model-versions", "webhooks"),
+        "Runcast has no MLflow model registry: logged models (mlflow.<flavor>.log_model) are "
+        "kept with their files, but registering them is not served (see docs/mlflow.md).",
     ),
     (
         ("traces", "unified-traces", "get-online-trace-details", "spans"),
@@ -425,10 +697,8 @@ _UNSUPPORTED = (
 )
 
 
-def unsupported(path: str, *, artifacts: bool = False) -> MlflowError:
+def unsupported(path: str) -> MlflowError:
     head = path.strip("/").split("/", 1)[0]
-    if artifacts:
-        return MlflowError(ARTIFACTS_MESSAGE, "NOT_IMPLEMENTED")
     for heads, message in _UNSUPPORTED:
         if head in heads:
             return MlflowError(message, "NOT_IMPLEMENTED")
@@ -439,7 +709,7 @@ def unsupported(path: str, *, artifacts: bool = False) -> MlflowError:
     )
 
 
-def _authenticate(request: HttpRequest) -> ApiToken:
+def authenticate(request: HttpRequest) -> ApiToken:
     scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
     token = None
     if scheme.lower() == "bearer" and raw.strip():
@@ -461,9 +731,10 @@ def _request_data(request: HttpRequest) -> tuple[Data, bytes]:
     return parsing.body_json(raw), raw
 
 
-def _respond(call: Callable[[], Data]) -> HttpResponse:
+def respond(call: Callable[[], Data | HttpResponseBase]) -> HttpResponseBase:
     try:
-        return JsonResponse(call())
+        answer = call()
+        return answer if isinstance(answer, HttpResponseBase) else JsonResponse(answer)
     except MlflowError as exc:
         return JsonResponse(exc.body(), status=exc.status)
     except tracker_services.ServiceError as exc:
@@ -489,10 +760,10 @@ def _respond(call: Callable[[], Data]) -> HttpResponse:
 
 
 @csrf_exempt
-def endpoint(request: HttpRequest, path: str) -> HttpResponse:
+def endpoint(request: HttpRequest, path: str) -> HttpResponseBase:
     def handle() -> Data:
-        token = _authenticate(request)
-        route = ROUTES.get(path.strip("/"))
+        token = authenticate(request)
+        route = _route(path.strip("/"), request.method or "")
         if route is None:
             raise unsupported(path)
         if request.method not in route.methods:
@@ -507,16 +778,7 @@ def endpoint(request: HttpRequest, path: str) -> HttpResponse:
                 "PERMISSION_DENIED",
             )
         data, raw = _request_data(request)
-        return route.handler(Call(token=token, data=data, raw=raw))
+        lists = dict(request.GET.lists()) if request.method == "GET" else {}
+        return route.handler(Call(token=token, data=data, raw=raw, lists=lists))
 
-    return _respond(handle)
-
-
-@csrf_exempt
-def artifacts(request: HttpRequest, path: str) -> HttpResponse:
-    """The artifact proxy (`/api/2.0/mlflow-artifacts/...`) that `log_artifact` writes to."""
-
-    def refuse() -> Data:
-        raise unsupported(path, artifacts=True)
-
-    return _respond(refuse)
+    return respond(handle)
