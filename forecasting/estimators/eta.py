@@ -447,17 +447,11 @@ def _early_pace(grid: np.ndarray, cg: np.ndarray, lo: int) -> _Pace | None:
     return _Pace(level=level, slope=0.0, w_mid=0.5 * (grid[hi] + grid[lo]))
 
 
-def _sigma_per_ratio(units: list[float]) -> tuple[float, float]:
-    """Log error per unit of extrapolation: the back-test errors pooled with a prior, all of
-    them, and for the side below the median only the over-predictions (negative errors; an
-    under-prediction is a back-test that found no error below). Same prior on both sides."""
+def _sigma_per_ratio(units: list[float]) -> float:
+    """Log error per unit of extrapolation: the back-test errors pooled with a prior."""
     prior_w = th.ETA_SIGMA_PRIOR_WEIGHT
-    prior = prior_w * th.ETA_SIGMA_PER_RATIO_PRIOR**2
-    count = prior_w + len(units)
-    below = sum(u * u for u in units if u < 0)
-    return math.sqrt((prior + sum(u * u for u in units)) / count), math.sqrt(
-        (prior + below) / count
-    )
+    total = prior_w * th.ETA_SIGMA_PER_RATIO_PRIOR**2 + sum(u * u for u in units)
+    return math.sqrt(total / (prior_w + len(units)))
 
 
 def _clean(steps: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -502,10 +496,9 @@ def _pace_change_factor(
     centred: bool,
     rng: np.random.Generator,
     n: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Draws of the factor by which future pace changes stretch the remaining compute: without
-    and with the drift of a run that has been slowing down, and with no speed-ups (same draws,
-    so paired).
+    and with the drift of a run that has been slowing down (same draws, so paired).
 
     A run's step time changes in steps (batch-size or sequence stages, a throttled or swapped
     node, contention), which no fit of the past can place. Changes arrive as a Poisson process
@@ -537,7 +530,7 @@ def _pace_change_factor(
     tau_mu = math.sqrt((prior + sum((x - mu) ** 2 for x in shifts)) / (w0 + k))
     m = int(count.max()) if n else 0
     if m == 0:
-        return np.ones(n), np.ones(n), np.ones(n)
+        return np.ones(n), np.ones(n)
     pos = np.sort(rng.random((n, m)), axis=1)  # where each change falls in the remaining part
     z = rng.standard_normal((n, m))
     active = np.arange(m) < count[:, None]
@@ -548,10 +541,7 @@ def _pace_change_factor(
         return pos[:, 0] + np.sum(seg * level, axis=1)
 
     plain = stretch(tau * z)
-    # The same changes with every speed-up left out, for the P10: a run gets faster only as a
-    # warm-up ends, which the warm-up trim has already seen.
-    slower = stretch(np.maximum(tau * z, 0.0))
-    return plain, (stretch(mu + tau_mu * z) if mu > 0 else plain), slower
+    return plain, (stretch(mu + tau_mu * z) if mu > 0 else plain)
 
 
 def _wall_quantiles(
@@ -561,7 +551,6 @@ def _wall_quantiles(
     observed_wall: float,
     change: tuple[list[float], float, float, bool] = ([], 1.0, 0.0, False),
     scale: float = 1.0,
-    sigma_below: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Monte Carlo of compute time (fit error, future pace changes) plus downtime from future
     interruptions.
@@ -569,25 +558,15 @@ def _wall_quantiles(
     The drift of a run that slows down in stages reaches the P90 only: P10 and the point
     forecast stay those of the undrifted draws. Moving the median too cost accuracy (median
     error at 75% of the developer runs 0.6% -> 1.4%) where many small regime changes net out
-    slightly slower, while the stage it is meant for is a risk, not a certainty.
-
-    The P10 comes from the same draws with the fit error below the median at `sigma_below`
-    (the run's own over-predictions, `_sigma_per_ratio`) and no speed-ups to come: real runs
-    end at their pace forecast or later (issue 23), and a symmetric spread put the P10 of a
-    steady run 30x further below the median than any real outcome fell. The median and the
-    P90 stay those of the symmetric draws, so the point forecast does not move."""
+    slightly slower, while the stage it is meant for is a risk, not a certainty."""
     rng = np.random.default_rng(th.ETA_MC_SEED)
     n = th.ETA_MC_SAMPLES
-    z = rng.standard_normal(n)
-    base = compute_p50 * np.exp(sigma * z)
-    below = sigma if sigma_below is None else sigma_below
-    base_low = compute_p50 * np.exp(np.where(z < 0, below, sigma) * z)
-    plain, drift, slower = _pace_change_factor(*change, rng, n)
-    compute, slow, low = base * plain, base * drift, base_low * slower
+    base = compute_p50 * np.exp(sigma * rng.standard_normal(n))
+    plain, drift = _pace_change_factor(*change, rng, n)
+    compute, slow = base * plain, base * drift
     if compute_p50 > 0:  # calibrated log spread
-        compute, slow, low = (
-            compute_p50 * np.power(x / compute_p50, scale) for x in (compute, slow, low)
-        )
+        compute = compute_p50 * np.power(compute / compute_p50, scale)
+        slow = compute_p50 * np.power(slow / compute_p50, scale)
     seen = tl.interruptions
     rate = _interruption_rates(seen, observed_wall, rng, n)
     count = rng.poisson(np.minimum(rate * compute, 1e6))  # cap: numpy's Poisson limit
@@ -604,8 +583,6 @@ def _wall_quantiles(
     comp_q[2], wall_q[2] = np.maximum(
         (comp_q[2], wall_q[2]), np.quantile(np.stack((slow, slow + extra)), 0.9, axis=1)
     )
-    comp_q[0], wall_q[0] = np.quantile(np.stack((low, low + extra)), 0.1, axis=1)
-    wall_q[0] = min(wall_q[0], wall_q[1])
     # The point forecast stays the compute median (exact for a steady run): MC noise must not
     # move it, nor put a quantile on the wrong side of it.
     comp_q = np.array([min(comp_q[0], compute_p50), compute_p50, max(comp_q[2], compute_p50)])
@@ -658,14 +635,13 @@ def forecast_eta(
     compute = max(0.0, compute - min(silence, th.ETA_SILENCE_INTERVALS * tl.typical_dt))
     observed = float(grid[-1] - grid[lo])
     ratio = remaining / observed if observed > 0 else 10.0
-    unit, unit_below = _sigma_per_ratio(units)
+    unit = _sigma_per_ratio(units)
     shifts, noise = _pace_history(grid, cg, lo)
     # The run's own bin-to-bin pace noise, averaged over the bins still to come, is the least
     # uncertainty there is; the back-test error per unit of extrapolation adds to it.
     bin_work = observed / max(1, grid.size - 1 - lo)
     floor = max(th.ETA_SIGMA_FLOOR, noise * math.sqrt(bin_work / remaining) if remaining > 0 else 0)
     sigma = min(th.ETA_SIGMA_MAX, math.hypot(floor, unit * ratio))
-    sigma_below = min(th.ETA_SIGMA_MAX, math.hypot(floor, unit_below * ratio))
     share_left = remaining / float(total_steps)
     scale = calibration.scale_at(current / float(total_steps), calibration.ETA_SCALE)
     comp_q, wall_q = _wall_quantiles(
@@ -675,7 +651,6 @@ def forecast_eta(
         float(t[-1] - t[0]) + silence,
         (shifts, share_seen, share_left, not early),
         scale,
-        sigma_below,
     )
     # Sampling noise must not put the wall clock ahead of the compute it contains.
     wall_q = np.maximum(wall_q, comp_q)
