@@ -13,8 +13,15 @@ PostgreSQL database:
   would take an hour here.
 
 Then per table: `pg_total_relation_size` (heap, TOAST and indexes) after `VACUUM FULL`, row
-counts, before retention and after it ran as it will once the day is older than every window
-(`now` = the day's end + 8 days), which is what each further day of a long run costs.
+counts, before retention, after it ran as it will once the day is older than every window
+(`now` = the day's end + 8 days), and after compaction merged the chunks retention released
+(tracker/compaction.py): the last is what each further day of a long run costs
+(`runcast_mb_per_run_day`; `mb_per_run_day_after` is the same day uncompacted, in the same
+process). Every point is read back before and after compaction and compared bit for bit.
+
+The same points (read back from Runcast) are then logged to a real `mlflow server` of .venv on
+PostgreSQL (1,000 per `log_batch`, MLflow's limit) and its metric tables measured the same way
+(`mlflow_mb_per_run_day`; MLflow has no retention or compaction). `--no-mlflow` skips it.
 
     .venv/bin/python bench/growth.py                  # 1 day, 4 keys
     .venv/bin/python bench/growth.py --hours 6 --keys 8
@@ -41,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 from bench import harness  # noqa: E402  (database helpers)
 
 DB = os.environ.get("BENCH_DB", "runcast_growth")
+MLFLOW_DB = os.environ.get("BENCH_MLFLOW_DB", "runcast_growth_mlflow")
+# Where an MLflow server keeps metric points: every point, and each key's latest.
+MLFLOW_TABLES = ("metrics", "latest_metrics")
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "grad_norm/attn", "mfu", "step_ms", "ppl")
 TABLES = (
     "tracker_ingestbatch",
@@ -71,6 +81,76 @@ def setup_django() -> None:
     # Nothing consumes the forecast tasks here: the bench computes forecasts itself.
     run_ingested.receivers.clear()
     run_finished.receivers.clear()
+
+
+def points_read() -> dict[str, tuple[bytes, bytes, bytes]]:
+    """Every stored point of the run, per key, as read (storage order, every attempt)."""
+    from tracker import selectors
+    from tracker.models import Run
+
+    run = Run.objects.get(public_id="day")
+    out = {}
+    for key in selectors.series_keys(run=run):
+        s = selectors.series_load(run=run, key=key, resolve=False)
+        out[key] = (s.steps.tobytes(), s.values.tobytes(), s.times.tobytes())
+    return out
+
+
+def compact() -> dict[str, Any]:
+    """Compaction until done, as the beat sweep does it; its wall time and rows merged."""
+    from tracker import compaction
+
+    began, merged, units = time.perf_counter(), 0, 0
+    while True:
+        result = compaction.chunks_compact(budget_s=600)
+        merged, units = merged + result.merged, units + result.units
+        if result.failed:
+            raise SystemExit(f"compaction failed on {result.failed} series (see the log)")
+        if result.done:
+            break
+    seconds = time.perf_counter() - began
+    return {"compaction_s": seconds, "chunks_merged": merged, "compaction_units": units}
+
+
+def mlflow_sizes(points: dict[str, tuple[bytes, bytes, bytes]]) -> dict[str, dict[str, int]]:
+    """Log the same points to a real `mlflow server` and measure its metric tables."""
+    import numpy as np
+
+    from bench.mlflow_throughput import mlflow_server_on
+
+    for name in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        del os.environ[name]
+    import mlflow
+    from mlflow.entities import Metric
+
+    rows = []
+    for key, (steps, values, times) in points.items():
+        stamps = np.rint(np.frombuffer(times) * 1000).astype(np.int64)
+        for v, t, st in zip(
+            np.frombuffer(values).tolist(),
+            stamps.tolist(),
+            np.frombuffer(steps, dtype=np.int64).tolist(),
+            strict=True,
+        ):
+            rows.append(Metric(key, v, t, st))
+    with mlflow_server_on(MLFLOW_DB) as url:
+        mlflow.set_tracking_uri(url)
+        client = mlflow.MlflowClient()
+        run = client.create_run(client.create_experiment("growth"))
+        harness.log(f"mlflow: logging {len(rows):,} points to `mlflow server`")
+        for i in range(0, len(rows), 1000):
+            client.log_batch(run.info.run_id, metrics=rows[i : i + 1000])
+        stored = sum(len(client.get_metric_history(run.info.run_id, k)) for k in points)
+        if stored != len(rows):
+            raise SystemExit(f"mlflow stored {stored} of {len(rows)} points")
+        out = {}
+        for table in MLFLOW_TABLES:
+            harness.pg_admin_db(MLFLOW_DB, f"VACUUM FULL {table}")
+            # Table names are this module's constants, never input.
+            query = f"SELECT pg_total_relation_size('{table}'), count(*) FROM {table}"  # noqa: S608
+            ((size, count),) = harness.pg_query(MLFLOW_DB, query)
+            out[table] = {"bytes": int(size), "rows": int(count)}
+    return out
 
 
 def sizes() -> dict[str, dict[str, int]]:
@@ -204,25 +284,34 @@ def _copy_readings(run: Any, seconds: int) -> int:
     return len(rows)
 
 
-def report(before: dict[str, Any], after: dict[str, Any], hours: float) -> dict[str, Any]:
+def report(
+    before: dict[str, Any], retained: dict[str, Any], after: dict[str, Any], hours: float
+) -> dict[str, Any]:
     per_day = 24.0 / hours
     print(f"\nDatabase bytes per run-day (simulated {hours:g} h, scaled x{per_day:g}), PostgreSQL")
-    print(f"{'table':24s} {'rows':>10s} {'MB before':>10s} {'rows':>10s} {'MB after':>10s}")
-    total_b = total_a = 0.0
+    print(f"{'':28s} {'fresh':>18s} | {'after retention':>18s} | {'and compaction':>18s}")
+    head = f"{'rows':>10s} {'MB':>7s}"
+    print(f"{'table':28s} {head} | {head} | {head}")
+    totals = [0.0, 0.0, 0.0]
     for table in TABLES:
-        b, a = before[table], after[table]
-        total_b += b["bytes"] * per_day
-        total_a += a["bytes"] * per_day
-        print(
-            f"{table:24s} {b['rows'] * per_day:10,.0f} {b['bytes'] * per_day / 1e6:10.1f}"
-            f" {a['rows'] * per_day:10,.0f} {a['bytes'] * per_day / 1e6:10.1f}"
-        )
-    print(f"{'total':24s} {'':10s} {total_b / 1e6:10.1f} {'':10s} {total_a / 1e6:10.1f}")
+        cells = []
+        for i, state in enumerate((before, retained, after)):
+            totals[i] += state[table]["bytes"] * per_day
+            rows, mb = state[table]["rows"] * per_day, state[table]["bytes"] * per_day / 1e6
+            cells.append(f"{rows:10,.0f} {mb:7.1f}")
+        print(f"{table:28s} {' | '.join(cells)}")
+    mb = [t / 1e6 for t in totals]
+    print(f"{'total MB':28s} {mb[0]:18.1f} | {mb[1]:18.1f} | {mb[2]:18.1f}")
     print(
-        f"  after retention: {total_a / total_b:.0%} of a fresh day"
-        f" ({total_b / 1e6 * 30 / 1e3:.2f} GB vs {total_a / 1e6 * 30 / 1e3:.2f} GB per run-month)"
+        f"  per run-month: {mb[0] * 30 / 1e3:.2f} GB fresh, {mb[1] * 30 / 1e3:.2f} GB after"
+        f" retention, {mb[2] * 30 / 1e3:.2f} GB after compaction"
     )
-    return {"mb_per_run_day_before": total_b / 1e6, "mb_per_run_day_after": total_a / 1e6}
+    return {
+        "mb_per_run_day_before": mb[0],
+        "mb_per_run_day_after": mb[1],
+        "runcast_mb_per_run_day": mb[2],
+        "compacted_vs_uncompacted": mb[2] / mb[1],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--computations", type=int, default=24, help="real forecast_compute calls")
+    parser.add_argument("--no-mlflow", action="store_true", help="skip the MLflow server's figure")
     args = parser.parse_args(argv)
     harness.recreate_db(DB)
     try:
@@ -251,14 +341,39 @@ def main(argv: list[str] | None = None) -> int:
             pass
         while not forecast_retention.forecasts_thin(now=later, budget_s=600).done:
             pass
+        retained = sizes()
+        points = points_read()
+        harness.log("compacting the metric chunks retention released")
+        compacted = compact()
+        exact = points_read() == points
         after = sizes()
-        summary = report(before, after, args.hours)
+        summary = report(before, retained, after, args.hours)
+        if not exact:
+            raise SystemExit("compaction changed the points read back")
+        if not args.no_mlflow:
+            ml = mlflow_sizes(points)
+            ml_mb = sum(t["bytes"] for t in ml.values()) * 24.0 / args.hours / 1e6
+            print(f"  an MLflow server storing the same points: {ml_mb:.1f} MB per run-day")
+            summary.update(mlflow_mb_per_run_day=ml_mb, mlflow=ml)
     finally:
         from django.db import connections
 
         connections.close_all()
         harness.drop_db(DB)
-    print(json.dumps({**summary, **sim, "before": before, "after": after, "hours": args.hours}))
+    print(
+        json.dumps(
+            {
+                **summary,
+                **sim,
+                **compacted,
+                "points_exact_after_compaction": exact,
+                "before": before,
+                "retained": retained,
+                "after": after,
+                "hours": args.hours,
+            }
+        )
+    )
     return 0
 
 
