@@ -153,11 +153,33 @@ def mlflow_sizes(points: dict[str, tuple[bytes, bytes, bytes]]) -> dict[str, dic
     return out
 
 
+def _wait_for_snapshots(cur: Any, timeout_s: float = 300.0) -> None:
+    """Wait until no other session of this database holds a snapshot (autovacuum's ANALYZE of
+    the tables just written): VACUUM FULL keeps every row deleted after such a snapshot began,
+    and a measurement once counted 14 MB of deleted forecasts as kept."""
+    began = time.monotonic()
+    deadline = began + timeout_s
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL"
+    )
+    while time.monotonic() < deadline:
+        cur.execute(query)
+        if cur.fetchone()[0] == 0:
+            if time.monotonic() - began > 1.0:
+                waited = time.monotonic() - began
+                harness.log(f"waited {waited:.0f} s for another session's snapshot to end")
+            return
+        time.sleep(1.0)
+    harness.log("another session still holds a snapshot: deleted rows may be counted")
+
+
 def sizes() -> dict[str, dict[str, int]]:
     from django.db import connection
 
     out = {}
     with connection.cursor() as cur:
+        _wait_for_snapshots(cur)
         for table in TABLES:
             # Table names are this module's constants, never input.
             cur.execute(f"VACUUM FULL {table}")
