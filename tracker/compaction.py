@@ -137,20 +137,19 @@ def unit_merge(*, unit: Unit) -> int:
     changed since they were planned, and nothing was written)."""
     ids = [chunk_id for chunk_id, _ in unit]
     # Locked in id order, so two sweeps merging overlapping units cannot deadlock.
-    locked = dict(
+    rows = (
         MetricChunk.objects.select_for_update()
         .filter(id__in=ids, batch__isnull=True)
         .order_by("id")
-        .values_list("id", "n")
+        .values_list("id", "n", "steps", "values", "times")
     )
+    blobs: dict[int, tuple[bytes, bytes, bytes]] = {}
+    locked: dict[int, int] = {}
+    for chunk_id, n, s, v, t in rows:
+        locked[chunk_id] = n
+        blobs[chunk_id] = (bytes(s), bytes(v), bytes(t))
     if locked != dict(unit):
         return 0
-    blobs = {
-        chunk_id: (bytes(s), bytes(v), bytes(t))
-        for chunk_id, s, v, t in MetricChunk.objects.filter(id__in=ids).values_list(
-            "id", "steps", "values", "times"
-        )
-    }
     steps = unpack_steps(b"".join(blobs[i][0] for i in ids))
     values = unpack_floats(b"".join(blobs[i][1] for i in ids))
     times = unpack_floats(b"".join(blobs[i][2] for i in ids))
