@@ -155,8 +155,8 @@ def mlflow_sizes(points: dict[str, tuple[bytes, bytes, bytes]]) -> dict[str, dic
 
 def _wait_for_snapshots(cur: Any, timeout_s: float = 300.0) -> None:
     """Wait until no other session of this database holds a snapshot (autovacuum's ANALYZE of
-    the tables just written): VACUUM FULL keeps every row deleted after such a snapshot began,
-    and a measurement once counted 14 MB of deleted forecasts as kept."""
+    the tables just written, probably): VACUUM FULL keeps every row deleted after such a
+    snapshot began, and one measurement counted 14 MB of deleted forecasts as kept."""
     began = time.monotonic()
     deadline = began + timeout_s
     query = (
@@ -190,7 +190,7 @@ def sizes() -> dict[str, dict[str, int]]:
     return out
 
 
-def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
+def simulate(hours: float, keys: int, computations: int, noisy: bool = False) -> dict[str, Any]:
     import numpy as np
     from django.db import connection
 
@@ -221,9 +221,13 @@ def simulate(hours: float, keys: int, computations: int) -> dict[str, Any]:
         step = np.array([t], dtype=np.int64)
         when = np.array([T0 + t + 0.5])
         loss = 2.0 + 8.0 * (t + 10.0) ** -0.3 + rng.normal(0, 0.01)
+        values = [loss] + [1e-3 * (k + 1) for k in range(1, len(names))]
+        if noisy:
+            # Every key noisy and the clock jittered: what compresses least.
+            when = when + rng.uniform(0, 0.05)
+            values = [loss] + [v * (1 + rng.normal(0, 0.01)) for v in values[1:]]
         series = [
-            SeriesIn(name, step, np.array([loss if k == 0 else 1e-3 * (k + 1)]), when)
-            for k, name in enumerate(names)
+            SeriesIn(name, step, np.array([v]), when) for name, v in zip(names, values, strict=True)
         ]
         events = []
         if t and t % CHECKPOINT_S == 0:
@@ -342,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=4)
     parser.add_argument("--computations", type=int, default=24, help="real forecast_compute calls")
     parser.add_argument("--no-mlflow", action="store_true", help="skip the MLflow server's figure")
+    parser.add_argument(
+        "--noisy",
+        action="store_true",
+        help="every key noisy and times jittered by up to 50 ms (the default: only the loss is"
+        " noisy and times fall on the half second)",
+    )
     args = parser.parse_args(argv)
     harness.recreate_db(DB)
     try:
@@ -350,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_django()
         call_command("migrate", verbosity=0)
         harness.log(f"simulating {args.hours:g} h of a run with {args.keys} keys")
-        sim = simulate(args.hours, args.keys, args.computations)
+        sim = simulate(args.hours, args.keys, args.computations, noisy=args.noisy)
         before = sizes()
         from datetime import timedelta
 
@@ -393,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                 "retained": retained,
                 "after": after,
                 "hours": args.hours,
+                "noisy": args.noisy,
             }
         )
     )
