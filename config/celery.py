@@ -87,9 +87,9 @@ def beat_schedule(*, sweep_period_s: float) -> dict[str, dict[str, Any]]:
         },
         # Compaction (docs/deployment.md#compaction): merge the metric chunks whose batch rows
         # retention deleted (one point each at a batch a second) into chunks of 4,096 points,
-        # ~10x less storage. Every 10 minutes so a pass keeps up with retention's hourly work
-        # in small steps; a pass stops at its budget (4 min) and the next one continues, and a
-        # pass with nothing to do is one index-only query.
+        # ~20x less storage. Every 10 minutes so that retention's hourly work is merged in
+        # small steps; a pass stops at its budget (4 min) and the next one continues, and a
+        # pass with nothing to do is one query on a small partial index.
         "compact-metric-chunks": {
             "task": "tracker.tasks.chunks_compact",
             "schedule": 600.0,
