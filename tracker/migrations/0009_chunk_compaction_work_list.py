@@ -2,6 +2,7 @@
 # metric chunks. Built CONCURRENTLY on PostgreSQL: tracker_metricchunk is the largest table,
 # and a plain CREATE INDEX would hold back every ingest for the whole build.
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import migrations, models
@@ -13,20 +14,15 @@ INDEX = models.Index(
 )
 
 
-def _add(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("tracker", "MetricChunk")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.add_index(model, INDEX, concurrently=True)
-    else:
-        schema_editor.add_index(model, INDEX)
+def _index(method: str) -> Callable[[Any, Any], None]:
+    """add_index or remove_index, CONCURRENTLY where the database can."""
 
+    def run(apps: Any, schema_editor: Any) -> None:
+        model = apps.get_model("tracker", "MetricChunk")
+        online = schema_editor.connection.vendor == "postgresql"
+        getattr(schema_editor, method)(model, INDEX, **({"concurrently": True} if online else {}))
 
-def _remove(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("tracker", "MetricChunk")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.remove_index(model, INDEX, concurrently=True)
-    else:
-        schema_editor.remove_index(model, INDEX)
+    return run
 
 
 class Migration(migrations.Migration):
@@ -40,6 +36,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[migrations.AddIndex(model_name="metricchunk", index=INDEX)],
-            database_operations=[migrations.RunPython(_add, _remove)],
+            database_operations=[migrations.RunPython(_index("add_index"), _index("remove_index"))],
         ),
     ]
