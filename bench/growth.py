@@ -25,6 +25,7 @@ PostgreSQL (1,000 per `log_batch`, MLflow's limit) and its metric tables measure
 
     .venv/bin/python bench/growth.py                  # 1 day, 4 keys
     .venv/bin/python bench/growth.py --hours 6 --keys 8
+    .venv/bin/python bench/growth.py --noisy --no-mlflow   # every value noisy, a jittery clock
 
 Needs PostgreSQL (BENCH_PG_URL, default postgres://postgres@127.0.0.1:5432); the database is
 BENCH_DB (default runcast_growth), dropped at the end. The last line is one JSON object.
