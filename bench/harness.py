@@ -72,10 +72,16 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def pg_admin(*statements: str) -> None:
+    # CREATE/DROP DATABASE cannot run inside a transaction.
+    pg_admin_db("postgres", *statements)
+
+
+def pg_admin_db(db: str, *statements: str) -> None:
+    """Statements outside a transaction (VACUUM) on database `db`."""
     import psycopg2
 
-    conn = psycopg2.connect(f"{PG_URL}/postgres")
-    conn.autocommit = True  # CREATE/DROP DATABASE cannot run inside a transaction
+    conn = psycopg2.connect(f"{PG_URL}/{db}")
+    conn.autocommit = True
     try:
         with conn.cursor() as cur:
             for statement in statements:

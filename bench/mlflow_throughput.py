@@ -22,6 +22,8 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench import throwaway_secret_key
@@ -148,15 +150,19 @@ def runcast(mlflow: Any, steps: int) -> dict[str, Any]:
         drop_db(RUNCAST_DB)
 
 
-def mlflow_server(mlflow: Any, steps: int) -> dict[str, Any]:
-    recreate_db(MLFLOW_DB)
+@contextmanager
+def mlflow_server_on(db: str) -> Iterator[str]:
+    """A real `mlflow server` (2 workers) on a fresh PostgreSQL database `db`; yields its URL.
+    The database is dropped on exit."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    recreate_db(db)
     port, logfile = free_port(), WORK / "mlflow-server.log"
     server = start_group(
         [
             str(VENV_PY.parent / "mlflow"),
             "server",
             "--backend-store-uri",
-            f"{PG_URL.replace('postgres://', 'postgresql+psycopg2://')}/{MLFLOW_DB}",
+            f"{PG_URL.replace('postgres://', 'postgresql+psycopg2://')}/{db}",
             "--default-artifact-root",
             (WORK / "artifacts").as_uri(),
             "--host",
@@ -172,13 +178,18 @@ def mlflow_server(mlflow: Any, steps: int) -> dict[str, Any]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", server, logfile, timeout=180)
+        yield url
+    finally:
+        stop_group(server)
+        drop_db(db)
+
+
+def mlflow_server(mlflow: Any, steps: int) -> dict[str, Any]:
+    with mlflow_server_on(MLFLOW_DB) as url:
         log("mlflow: the same workload against `mlflow server`")
         result = workload(mlflow, url, steps)
         result.pop("run_ids")
         return result
-    finally:
-        stop_group(server)
-        drop_db(MLFLOW_DB)
 
 
 def main() -> None:

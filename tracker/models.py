@@ -351,10 +351,22 @@ class MetricChunk(models.Model):
     # Per-64-point block summaries (tracker.series.rollup): coarse chart zooms read these.
     rollup = models.BinaryField(default=b"")
 
+    # Compaction (tracker.compaction) merges a series' old chunks of fewer points than this
+    # into chunks of up to COMPACT_POINTS. Its work-list index below repeats the number.
+    COMPACT_BELOW = 2048
+    COMPACT_POINTS = 4096
+
     class Meta:
         indexes = [
             # Serves "all chunks of one key of one run in order" (charts, forecasts).
             models.Index(fields=["run", "key", "segment", "min_step"], name="chunk_series_idx"),
+            # The compaction sweep's work list (tracker.compaction): old small chunks only, so
+            # a sweep with nothing to do reads a few rows per series, not every chunk.
+            models.Index(
+                fields=["run", "key", "segment"],
+                name="chunk_compactable_idx",
+                condition=models.Q(batch__isnull=True, n__lt=2048),  # COMPACT_BELOW
+            ),
         ]
 
     def __str__(self) -> str:

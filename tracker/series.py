@@ -62,6 +62,27 @@ def unpack_floats(blob: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(blob, dtype=FLOAT_DTYPE)
 
 
+def chunk_columns(steps: np.ndarray, values: np.ndarray, times: np.ndarray) -> dict[str, object]:
+    """A `MetricChunk`'s columns for these points in this order: the packed arrays and the
+    summaries readers select chunks by (step range, finite value range, NaN/Inf count, rollup).
+    The one definition, for the chunks ingest writes and those compaction merges."""
+    finite = values[np.isfinite(values)]
+    return {
+        "n": int(steps.size),
+        "first_step": int(steps[0]),
+        "last_step": int(steps[-1]),
+        "min_step": int(steps.min()),
+        "max_step": int(steps.max()),
+        "min_value": float(finite.min()) if finite.size else None,
+        "max_value": float(finite.max()) if finite.size else None,
+        "nonfinite": int(values.size - finite.size),
+        "steps": pack_steps(steps),
+        "values": pack_floats(values),
+        "times": pack_floats(times),
+        "rollup": rollup(steps, values),
+    }
+
+
 def concat(parts: list[tuple[int, bytes, bytes, bytes]]) -> Series:
     """Join chunk arrays (segment, steps, values, times) in storage order."""
     if not parts:

@@ -29,7 +29,7 @@ from tracker.models import (
     Run,
     RunSegment,
 )
-from tracker.series import pack_floats, pack_steps, pack_timings, rollup
+from tracker.series import chunk_columns, pack_steps, pack_timings
 from tracker.signals import run_finished, run_ingested
 
 logger = logging.getLogger(__name__)
@@ -270,25 +270,13 @@ def _chunks_store(*, run: Run, batch: IngestBatch, segment: int, series: list[Se
     for s in series:
         if s.steps.size == 0:
             continue
-        finite = s.values[np.isfinite(s.values)]
         chunks.append(
             MetricChunk(
                 run=run,
                 batch=batch,
                 key=s.key,
                 segment=segment,
-                n=int(s.steps.size),
-                first_step=int(s.steps[0]),
-                last_step=int(s.steps[-1]),
-                min_step=int(s.steps.min()),
-                max_step=int(s.steps.max()),
-                min_value=float(finite.min()) if finite.size else None,
-                max_value=float(finite.max()) if finite.size else None,
-                nonfinite=int(s.values.size - finite.size),
-                steps=pack_steps(s.steps),
-                values=pack_floats(s.values),
-                times=pack_floats(s.times),
-                rollup=rollup(s.steps, s.values),
+                **chunk_columns(s.steps, s.values, s.times),
             )
         )
     MetricChunk.objects.bulk_create(chunks)

@@ -5,10 +5,16 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from tracker import retention
+from tracker import compaction, retention
 
 
 @shared_task(soft_time_limit=120, time_limit=150)
 def batches_thin() -> None:
     """Beat: delete ingest-batch rows older than the dedupe window (tracker/retention.py)."""
     retention.batches_thin(now=timezone.now(), budget_s=90.0)
+
+
+@shared_task(soft_time_limit=300, time_limit=330)
+def chunks_compact() -> None:
+    """Beat: merge old one-batch metric chunks into large ones (tracker/compaction.py)."""
+    compaction.chunks_compact(budget_s=240.0)
