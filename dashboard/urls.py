@@ -26,6 +26,7 @@ urlpatterns = [
     path("projects/<slug:project>/runs/", explorer_views.runs_page, name="runs"),
     path("projects/<slug:project>/runs.csv", explorer_views.runs_csv, name="runs-csv"),
     path("projects/<slug:project>/runs/views/", explorer_views.view_save, name="view-save"),
+    path("projects/<slug:project>/runs/bulk/", explorer_views.runs_bulk, name="runs-bulk"),
     path(
         "projects/<slug:project>/runs/views/<int:view_id>/delete/",
         explorer_views.view_delete,

@@ -89,6 +89,8 @@ class RunFilter:
     started_to: date | None = None  # inclusive: the whole day
     name: str = ""
     order: list[str] = field(default_factory=list)
+    # The deleted runs (still restorable, tracker.bulk) instead of the others.
+    deleted: bool = False
 
 
 @dataclass
@@ -109,7 +111,7 @@ def run_search(
     unfiltered = None
     if where.text.strip() or _quick(where):
         order = query.parse_order_by([*where.order, DEFAULT_ORDER])
-        base = Run.objects.filter(project__in=projects)
+        base = _listed(Run.objects.all(), projects=projects, where=where)
         unfiltered = query.compile_search(base, RUNS, [], order)
     runs, cursor = query.keyset_page(
         compiled,
@@ -124,8 +126,13 @@ def run_search(
 def run_search_compiled(*, projects: list[Project], where: RunFilter) -> query.Compiled:
     comparisons = [_normalised(c) for c in query.parse(where.text)] + _quick(where)
     order = query.parse_order_by([*where.order, DEFAULT_ORDER])
-    rows = _runs_read().filter(project__in=projects)
+    rows = _listed(_runs_read(), projects=projects, where=where)
     return query.compile_search(rows, RUNS, comparisons, order)
+
+
+def _listed(runs: QuerySet[Run], *, projects: list[Project], where: RunFilter) -> QuerySet[Run]:
+    """The runs of these projects a view lists: the deleted ones, or every other one."""
+    return runs.filter(project__in=projects, deleted_at__isnull=not where.deleted)
 
 
 def _runs_read() -> QuerySet[Run]:
@@ -304,6 +311,6 @@ def runs_for_deadlines(*, deadlines: list[Deadline], limit: int) -> list[Run]:
     """The runs aimed at these deadlines (at most `limit`), with project and deadline (1 query)."""
     return list(
         _runs_read()
-        .filter(deadline__in=deadlines)
+        .filter(deadline__in=deadlines, deleted_at__isnull=True)
         .order_by("deadline_id", "-started_at", "pk")[:limit]
     )

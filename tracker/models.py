@@ -186,6 +186,10 @@ class Run(models.Model):
     current_segment = models.PositiveIntegerField(default=0)
     points_count = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(default=now)
+    # Set when a member deletes the run (tracker.bulk.runs_delete, or MLflow's delete_run, whose
+    # RunLink.lifecycle_stage mirrors it): hidden from the board, the explorer and MLflow's
+    # search, restorable for RUNCAST_DELETED_RUN_KEEP_DAYS after this time.
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

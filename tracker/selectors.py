@@ -63,10 +63,10 @@ def run_list_recent(
     *, projects: list[Project], ended_since: datetime, crashed_since: datetime
 ) -> QuerySet[Run]:
     """Runs of these projects that are active, ended since `ended_since`, or crashed and were
-    last heard from since `crashed_since`, with their deadlines."""
+    last heard from since `crashed_since`, with their deadlines; deleted runs never."""
     return (
         Run.objects.select_related("deadline")
-        .filter(project__in=projects)
+        .filter(project__in=projects, deleted_at__isnull=True)
         .filter(
             Q(status__in=Run.ACTIVE_STATUSES)
             | Q(ended_at__gte=ended_since)

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    QueryDict,
+    StreamingHttpResponse,
+)
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -23,7 +31,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from forecasting.explorer import RunsTable, TableRow, deadline_page, runs_table
-from tracker import explorer, query
+from tracker import bulk, explorer, query
 from tracker.access import membership_for
 from tracker.explorer import RunFilter
 from tracker.models import Membership, Project, Run
@@ -120,6 +128,7 @@ def parse_state(params: QueryDict) -> ViewState:
         started_to=_date(params, "to"),
         name=params.get("name", ""),
         order=_order(sort, descending),
+        deleted=params.get("deleted", "") == "1",
     )
     return ViewState(
         where=where,
@@ -185,6 +194,7 @@ def runs_page(request: HttpRequest, project: str | None = None) -> HttpResponse:
         "saved_views": saved_view_list(project=membership.project) if membership else [],
         "can_edit": bool(membership and membership.can_edit),
         "view_query": request.GET.urlencode(),
+        "keep_days": settings.RUNCAST_DELETED_RUN_KEEP_DAYS,
     }
     try:
         state = parse_state(request.GET)
@@ -278,6 +288,68 @@ def view_delete(request: HttpRequest, project: str, view_id: int) -> HttpRespons
     )
     saved_view_delete(project=membership.project, view_id=view_id)
     return redirect("dashboard:runs", project=project)
+
+
+# --- bulk actions ----------------------------------------------------------------------------
+
+BULK_ACTIONS = ("compare", "tag", "untag", "delete", "restore")
+
+
+@login_required
+@require_POST
+def runs_bulk(request: HttpRequest, project: str) -> HttpResponse:
+    """The selected runs of a project's explorer page, tagged, untagged, deleted or restored
+    (members), then back to the same view (its query string is the `view` field). "compare"
+    only forwards the selection to the compare page: the selection is one POST form (its CSRF
+    token must not travel in a GET URL)."""
+    membership = membership_for(
+        user=request.user, project_slug=project, need=Membership.Role.MEMBER
+    )
+    action = request.POST.get("action", "")
+    run_ids = request.POST.getlist("run")
+    back = reverse("dashboard:runs", args=[project]) + "?" + _view_query(request.POST)
+    if action not in BULK_ACTIONS:
+        message = f"action: one of {', '.join(BULK_ACTIONS)}, not '{action[:40]}'"
+        return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
+    if action == "compare":
+        selected = QueryDict(mutable=True)
+        selected.setlist("run", run_ids)
+        return redirect(reverse("dashboard:compare", args=[project]) + "?" + selected.urlencode())
+    try:
+        if action in ("tag", "untag"):
+            tag = request.POST.get("tag", "")
+            n = bulk.runs_tag(
+                project=membership.project, run_ids=run_ids, tag=tag, remove=action == "untag"
+            )
+            said = f"Tagged {n} run{'s' if n != 1 else ''} {tag.strip()!r}."
+            if action == "untag":
+                said = f"Removed the tag {tag.strip()!r} from {n} run{'s' if n != 1 else ''}."
+        elif action == "delete":
+            now = timezone.now()
+            n = bulk.runs_delete(project=membership.project, run_ids=run_ids, now=now)
+            until = bulk.keep_until(now).strftime("%Y-%m-%d %H:%M UTC")
+            said = (
+                f"Deleted {n} run{'s' if n != 1 else ''}: they are restorable until {until} "
+                "from the deleted runs view (Show deleted), with Restore."
+            )
+        else:
+            n = bulk.runs_restore(project=membership.project, run_ids=run_ids)
+            said = f"Restored {n} run{'s' if n != 1 else ''}."
+    except ServiceError as exc:
+        if exc.status == 404:
+            raise
+        messages.error(request, f"{exc.field}: {exc.message}" if exc.field else exc.message)
+        return HttpResponseRedirect(back)
+    messages.success(request, said)
+    return HttpResponseRedirect(back)
+
+
+def _view_query(form: QueryDict) -> str:
+    """The explorer view a form came from, less its page position (a run just deleted may
+    have been the page's cursor)."""
+    view = QueryDict(form.get("view", ""), mutable=True)
+    view.pop("after", None)
+    return view.urlencode()
 
 
 # --- CSV -------------------------------------------------------------------------------------

@@ -89,6 +89,8 @@ PAGES: dict[str, Page] = {
     "dashboard:runs-all-csv": Page(get="user", post=None, project=False),
     "dashboard:view-save": Page(get=None, post="member", data={"name": "mine", "query": "s=1"}),
     "dashboard:view-delete": Page(get=None, post="member"),
+    # Tag, untag, delete, restore (or forward to compare) the selected runs: members.
+    "dashboard:runs-bulk": Page(get=None, post="member", data={"action": "compare"}),
     "dashboard:settings": Page(get="viewer", post=None),
     "dashboard:settings-project": Page(
         get=None,

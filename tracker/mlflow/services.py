@@ -408,8 +408,16 @@ def run_delete_tag(*, link: RunLink, key: str) -> None:
     Run.objects.filter(pk=fresh.run_id).update(tags=_labels(fresh, fresh.experiment))
 
 
+@transaction.atomic
 def run_set_stage(*, link: RunLink, stage: str) -> None:
+    """MLflow's delete_run/restore_run: the same soft delete as the runs explorer's
+    (tracker.bulk), so Run.deleted_at follows the stage (a run deleted before keeps its time)."""
     RunLink.objects.filter(pk=link.pk).update(lifecycle_stage=stage)
+    runs = Run.objects.filter(pk=link.run_id)
+    if stage == RunLink.Stage.DELETED:
+        runs.filter(deleted_at__isnull=True).update(deleted_at=timezone.now())
+    else:
+        runs.update(deleted_at=None)
 
 
 # --- datasets and model links of a run ---------------------------------------------------------

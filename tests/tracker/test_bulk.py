@@ -1,0 +1,157 @@
+"""Bulk actions on runs (tracker.bulk): tag and untag, the soft delete that hides a run from the
+explorer, the board and MLflow's search alike, restore, and ids of another project refused."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from forecasting.board import board_runs
+from tests.dashboard.factories import listed_run as make
+from tracker import bulk, explorer
+from tracker.explorer import RunFilter
+from tracker.mlflow import search as mlflow_search
+from tracker.mlflow import services as mlflow_services
+from tracker.mlflow.models import RunLink
+from tracker.models import Project, Run
+from tracker.services import NotFound, ServiceError
+
+pytestmark = pytest.mark.django_db
+
+
+def listed(project: Project, *, deleted: bool = False, text: str = "") -> list[str]:
+    where = RunFilter(text=text, deleted=deleted)
+    page = explorer.run_search(projects=[project], where=where, after=None, limit=100)
+    return sorted(r.public_id for r in page.runs)
+
+
+def mlflow_listed(project: Project, view: str = "ACTIVE_ONLY") -> list[str]:
+    experiment = mlflow_services.experiment_default(project=project)
+    links, _ = mlflow_search.runs(
+        project=project,
+        experiment_ids=[experiment.public_id],
+        view=view,
+        search=mlflow_search.read("", []),
+        limit=100,
+        page_token="",
+    )
+    return sorted(link.run.public_id for link in links)
+
+
+def mlflow_run(project: Project, run_id: str) -> RunLink:
+    return mlflow_services.run_create(
+        project=project,
+        experiment=mlflow_services.experiment_default(project=project),
+        user_id="ada",
+        start_time_ms=None,
+        tags=[],
+        run_name=run_id,
+        run_id=run_id,
+    )
+
+
+def test_a_tag_is_added_once_and_removed_and_the_filter_finds_it(project: Project) -> None:
+    make(project, "a", tags=["baseline"])
+    make(project, "b", tags=["team:nlp"])
+    make(project, "c")
+    n = bulk.runs_tag(project=project, run_ids=["a", "b"], tag=" team:nlp ")
+    assert n == 1  # b had it already
+    assert listed(project, text="tags.team = 'nlp'") == ["a", "b"]
+    assert Run.objects.get(public_id="a").tags == ["baseline", "team:nlp"]
+    n = bulk.runs_tag(project=project, run_ids=["a", "b", "c"], tag="team:nlp", remove=True)
+    assert n == 2
+    assert listed(project, text="tags.team = 'nlp'") == []
+    assert Run.objects.get(public_id="a").tags == ["baseline"]
+
+
+def test_an_mlflow_run_s_tag_is_set_where_mlflow_reports_it(project: Project) -> None:
+    link = mlflow_run(project, "m1")
+    bulk.runs_tag(project=project, run_ids=["m1"], tag="team:nlp")
+    link.refresh_from_db()
+    assert link.tags["team"] == "nlp"
+    bulk.runs_tag(project=project, run_ids=["m1"], tag="team:nlp", remove=True)
+    link.refresh_from_db()
+    assert "team" not in link.tags
+
+
+@pytest.mark.parametrize("tag", ["", "   ", "x" * 101, "bad\ttag"])
+def test_a_bad_tag_is_refused_naming_the_field(project: Project, tag: str) -> None:
+    make(project, "a")
+    with pytest.raises(ServiceError) as caught:
+        bulk.runs_tag(project=project, run_ids=["a"], tag=tag)
+    assert caught.value.field == "tag"
+    assert Run.objects.get(public_id="a").tags == []
+
+
+def test_delete_hides_a_run_from_explorer_board_and_mlflow_and_restore_brings_it_back(
+    project: Project,
+) -> None:
+    now = timezone.now()
+    for name in ("keep", "gone"):
+        mlflow_run(project, name)  # running: the board lists both
+    assert {v.run.public_id for v in board_runs(projects=[project], now=now)} == {"keep", "gone"}
+
+    assert bulk.runs_delete(project=project, run_ids=["gone"], now=now) == 1
+
+    assert listed(project) == ["keep"]
+    assert listed(project, deleted=True) == ["gone"]
+    assert [v.run.public_id for v in board_runs(projects=[project], now=now)] == ["keep"]
+    assert mlflow_listed(project) == ["keep"]
+    assert mlflow_listed(project, "DELETED_ONLY") == ["gone"]
+    assert Run.objects.get(public_id="gone").deleted_at == now
+
+    # A second delete keeps the first time: the keep is not extended.
+    later = now + timedelta(days=1)
+    assert bulk.runs_delete(project=project, run_ids=["gone"], now=later) == 0
+    assert Run.objects.get(public_id="gone").deleted_at == now
+
+    assert bulk.runs_restore(project=project, run_ids=["gone"]) == 1
+    assert listed(project) == ["gone", "keep"]
+    assert listed(project, deleted=True) == []
+    assert mlflow_listed(project) == ["gone", "keep"]
+    assert {v.run.public_id for v in board_runs(projects=[project], now=now)} == {"keep", "gone"}
+
+
+def test_mlflow_s_own_delete_run_is_the_same_soft_delete(project: Project) -> None:
+    link = mlflow_run(project, "m1")
+    mlflow_services.run_set_stage(link=link, stage=RunLink.Stage.DELETED)
+    assert listed(project) == []
+    assert listed(project, deleted=True) == ["m1"]
+    bulk.runs_restore(project=project, run_ids=["m1"])
+    link.refresh_from_db()
+    assert link.lifecycle_stage == RunLink.Stage.ACTIVE
+
+
+def test_keep_until_is_the_setting_s_days_after_the_delete(settings: object) -> None:
+    settings.RUNCAST_DELETED_RUN_KEEP_DAYS = 7  # type: ignore[attr-defined]
+    at = timezone.now()
+    assert bulk.keep_until(at) - at == timedelta(days=7)
+
+
+@pytest.mark.parametrize("action", ["tag", "delete", "restore"])
+def test_another_project_s_run_is_refused_and_nothing_changes(
+    project: Project, other_project: Project, action: str
+) -> None:
+    make(project, "ours")
+    theirs = make(other_project, "theirs")
+    Run.objects.filter(pk=theirs.pk).update(deleted_at=timezone.now())
+    ids = ["ours", "theirs"]
+    with pytest.raises(NotFound) as caught:
+        if action == "tag":
+            bulk.runs_tag(project=project, run_ids=ids, tag="x")
+        elif action == "delete":
+            bulk.runs_delete(project=project, run_ids=ids, now=timezone.now())
+        else:
+            bulk.runs_restore(project=project, run_ids=ids)
+    assert caught.value.field == "run_ids" and "theirs" in caught.value.message
+    ours, theirs = Run.objects.get(public_id="ours"), Run.objects.get(public_id="theirs")
+    assert ours.tags == [] and ours.deleted_at is None
+    assert theirs.deleted_at is not None
+
+
+def test_no_selection_is_refused(project: Project) -> None:
+    with pytest.raises(ServiceError) as caught:
+        bulk.runs_delete(project=project, run_ids=[], now=timezone.now())
+    assert caught.value.field == "run_ids"

@@ -1,0 +1,106 @@
+"""What a member does to many runs at once from the runs explorer: tag or untag them, delete
+them (softly: restorable for RUNCAST_DELETED_RUN_KEEP_DAYS) and restore them.
+
+A deleted run has `Run.deleted_at` set; an MLflow run's `RunLink.lifecycle_stage` says
+"deleted" with it (MLflow's own `delete_run` sets both, tracker.mlflow.services.run_set_stage),
+so the board, the explorer and MLflow's `runs/search` hide the same runs.
+
+Each service reads the runs it names in one project under a row lock and refuses the whole
+request, changing nothing, when an id is not a run of that project (another project's run is
+indistinguishable from a missing one).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from tracker import limits
+from tracker.mlflow.models import RunLink
+from tracker.models import Project, Run
+from tracker.services import NotFound, ServiceError
+
+# At most one explorer page of runs per request (tracker.explorer.PAGE_SIZE_MAX).
+RUN_IDS_MAX = 500
+TAG_MAX = 100  # a label's length, as the run API and MLflow's labels keep it
+
+
+def keep_until(deleted_at: datetime) -> datetime:
+    """The time until which a run deleted at `deleted_at` is kept restorable."""
+    return deleted_at + timedelta(days=settings.RUNCAST_DELETED_RUN_KEEP_DAYS)
+
+
+def _locked(*, project: Project, run_ids: list[str]) -> list[Run]:
+    ids = sorted({i.strip() for i in run_ids if i.strip()})
+    if not ids:
+        raise ServiceError("select at least one run", field="run_ids")
+    if len(ids) > RUN_IDS_MAX:
+        raise ServiceError(f"at most {RUN_IDS_MAX} runs at a time", field="run_ids")
+    runs = list(
+        Run.objects.select_for_update().filter(project=project, public_id__in=ids).order_by("pk")
+    )
+    missing = sorted(set(ids) - {r.public_id for r in runs})
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise NotFound(f"no such run in this project: {shown}", field="run_ids")
+    return runs
+
+
+def _label(tag: str) -> str:
+    label = tag.strip()
+    if not label or len(label) > TAG_MAX:
+        raise ServiceError(f"a tag is 1 to {TAG_MAX} characters", field="tag")
+    if any(ord(ch) < 32 for ch in label):
+        raise ServiceError("a tag holds no control characters", field="tag")
+    return label
+
+
+@transaction.atomic
+def runs_tag(*, project: Project, run_ids: list[str], tag: str, remove: bool = False) -> int:
+    """Add the label `tag` ("team:nlp", or a bare "baseline") to these runs, or remove it.
+    Returns how many runs changed. An MLflow run's tag is set on its RunLink too, so the MLflow
+    API reports it and a later MLflow set_tag (which rebuilds the labels) keeps it."""
+    label = _label(tag)
+    runs = _locked(project=project, run_ids=run_ids)
+    changed = [r for r in runs if (label in r.tags) == remove]
+    if not remove:
+        full = [r.public_id for r in changed if len(r.tags) >= limits.MAX_TAGS]
+        if full:
+            raise ServiceError(
+                f"runs with {limits.MAX_TAGS} tags already: {', '.join(full[:5])}", field="tag"
+            )
+    for run in changed:
+        run.tags = [t for t in run.tags if t != label] if remove else [*run.tags, label]
+    Run.objects.bulk_update(changed, ["tags"])
+    key, _, value = label.replace("=", ":", 1).partition(":")
+    links = list(RunLink.objects.select_for_update().filter(run__in=changed))
+    for link in links:
+        if remove:
+            link.tags.pop(key.strip(), None)
+        else:
+            link.tags[key.strip()] = value.strip()
+    RunLink.objects.bulk_update(links, ["tags"])
+    return len(changed)
+
+
+@transaction.atomic
+def runs_delete(*, project: Project, run_ids: list[str], now: datetime) -> int:
+    """Delete these runs softly at `now`; returns how many were not deleted already (a run
+    deleted before keeps its first time, so a second delete does not extend its keep)."""
+    runs = _locked(project=project, run_ids=run_ids)
+    fresh = [r.pk for r in runs if r.deleted_at is None]
+    Run.objects.filter(pk__in=fresh).update(deleted_at=now)
+    RunLink.objects.filter(run_id__in=fresh).update(lifecycle_stage=RunLink.Stage.DELETED)
+    return len(fresh)
+
+
+@transaction.atomic
+def runs_restore(*, project: Project, run_ids: list[str]) -> int:
+    """Bring deleted runs back wherever they were listed; returns how many were deleted."""
+    runs = _locked(project=project, run_ids=run_ids)
+    deleted = [r.pk for r in runs if r.deleted_at is not None]
+    Run.objects.filter(pk__in=deleted).update(deleted_at=None)
+    RunLink.objects.filter(run_id__in=deleted).update(lifecycle_stage=RunLink.Stage.ACTIVE)
+    return len(deleted)
