@@ -264,3 +264,72 @@ def test_viewers_and_outsiders_cannot_save_or_delete_views(
     assert bad.status_code == 400 and bad.content.decode().startswith("name: ")
     assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 302
     assert client.post(f"/projects/llm/runs/views/{view.pk}/delete/").status_code == 404
+
+
+# --- bulk actions ----------------------------------------------------------------------------
+
+BULK = "/projects/llm/runs/bulk/"
+
+
+def test_a_member_tags_and_deletes_the_selected_runs_and_returns_to_the_same_view(
+    client: Any, project: Project
+) -> None:
+    make(project, "a")
+    make(project, "b")
+    _login(client, "member")
+    view = "status=finished&sort=name&after=xyz"
+    resp = client.post(BULK, {"action": "tag", "tag": "team:nlp", "run": ["a"], "view": view})
+    assert resp.status_code == 302
+    # The same view, less its page position.
+    assert resp["Location"] == "/projects/llm/runs/?status=finished&sort=name"
+    assert Run.objects.get(public_id="a").tags == ["team:nlp"]
+
+    resp = client.post(BULK, {"action": "delete", "run": ["a", "b"], "view": view}, follow=True)
+    html = resp.content.decode()
+    assert "Deleted 2 runs" in html and "restorable until" in html and "Show deleted" in html
+    assert 'data-run="a"' not in html and "No run matches." in html
+    deleted = client.get("/projects/llm/runs/?deleted=1").content.decode()
+    assert 'data-run="a"' in deleted and 'id="bulk-restore"' in deleted
+
+    resp = client.post(BULK, {"action": "restore", "run": ["a"], "view": "deleted=1"}, follow=True)
+    assert "Restored 1 run." in resp.content.decode()
+    assert Run.objects.get(public_id="a").deleted_at is None
+    assert Run.objects.get(public_id="b").deleted_at is not None
+
+
+def test_a_viewer_may_not_act_and_an_outsider_learns_nothing(
+    client: Any, project: Project, outsider: Any
+) -> None:
+    make(project, "a")
+    _login(client, "viewer")
+    assert client.post(BULK, {"action": "delete", "run": ["a"]}).status_code == 403
+    page = client.get("/projects/llm/runs/").content.decode()
+    assert 'id="bulk-delete"' not in page
+    assert '<form method="get" action="/projects/llm/compare/" id="runs-compare">' in page
+    client.logout()
+    _login(client, "outsider")
+    assert client.post(BULK, {"action": "delete", "run": ["a"]}).status_code == 404
+    assert Run.objects.get(public_id="a").deleted_at is None
+
+
+def test_another_project_s_run_id_is_a_404_and_a_bad_tag_is_said(
+    client: Any, project: Project, other_project: Project
+) -> None:
+    make(project, "a")
+    make(other_project, "theirs")
+    _login(client, "member")
+    resp = client.post(BULK, {"action": "delete", "run": ["a", "theirs"]})
+    assert resp.status_code == 404
+    assert not Run.objects.filter(deleted_at__isnull=False).exists()
+    resp = client.post(BULK, {"action": "tag", "tag": "", "run": ["a"]}, follow=True)
+    assert "tag: a tag is 1 to 100 characters" in resp.content.decode()
+    assert client.post(BULK, {"action": "explode", "run": ["a"]}).status_code == 400
+
+
+def test_compare_from_a_member_s_selection_forwards_the_runs(client: Any, project: Project) -> None:
+    make(project, "a")
+    make(project, "b")
+    _login(client, "member")
+    resp = client.post(BULK, {"action": "compare", "run": ["a", "b"]})
+    assert resp.status_code == 302
+    assert resp["Location"] == "/projects/llm/compare/?run=a&run=b"

@@ -138,13 +138,13 @@ def test_another_project_s_run_is_refused_and_nothing_changes(
     theirs = make(other_project, "theirs")
     Run.objects.filter(pk=theirs.pk).update(deleted_at=timezone.now())
     ids = ["ours", "theirs"]
+    call = {
+        "tag": lambda: bulk.runs_tag(project=project, run_ids=ids, tag="x"),
+        "delete": lambda: bulk.runs_delete(project=project, run_ids=ids, now=timezone.now()),
+        "restore": lambda: bulk.runs_restore(project=project, run_ids=ids),
+    }[action]
     with pytest.raises(NotFound) as caught:
-        if action == "tag":
-            bulk.runs_tag(project=project, run_ids=ids, tag="x")
-        elif action == "delete":
-            bulk.runs_delete(project=project, run_ids=ids, now=timezone.now())
-        else:
-            bulk.runs_restore(project=project, run_ids=ids)
+        call()
     assert caught.value.field == "run_ids" and "theirs" in caught.value.message
     ours, theirs = Run.objects.get(public_id="ours"), Run.objects.get(public_id="theirs")
     assert ours.tags == [] and ours.deleted_at is None
