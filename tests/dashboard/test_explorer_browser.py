@@ -1,5 +1,6 @@
 """The runs explorer in Chromium: filter (and the error that marks its token), sort by a metric
-and back, the view's state in the URL, the CSV download, select -> compare, and 800 px."""
+and back, the view's state in the URL, the CSV download, select -> compare, bulk tag, delete
+and restore, and 800 px."""
 
 from __future__ import annotations
 
@@ -110,6 +111,39 @@ def test_selected_runs_open_in_compare(
     assert sorted(_query(pg)["run"]) == ["run-0", "run-2"]
     pg.wait_for_selector("#chart-compare[data-ready='1']", timeout=15_000)
     assert pg.locator("#compare-table tbody tr").count() == 2
+
+
+def test_a_member_tags_deletes_and_restores_selected_runs_in_the_same_view(
+    bare_page: Any,  # noqa: F811
+    explorer_runs: None,
+) -> None:
+    pg = bare_page
+    pg.goto(f"{pg.base}/projects/llm/runs/?sort=name&dir=asc")
+    pg.check("input[name=run][value=run-1]")
+    pg.fill("#runs-bulk input[name=tag]", "baseline")
+    pg.click("#bulk-tag")
+    pg.wait_for_selector("#runs-messages")
+    assert "Tagged 1 run 'baseline'." in pg.inner_text("#runs-messages")
+    assert _query(pg) == {"sort": ["name"], "dir": ["asc"]}  # the same view
+    assert "baseline" in pg.inner_text("#runs-table tr[data-run=run-1]")
+
+    pg.check("input[name=run][value=run-0]")
+    pg.check("input[name=run][value=run-2]")
+    pg.click("#bulk-delete")
+    pg.wait_for_selector("#runs-messages")
+    said = pg.inner_text("#runs-messages")
+    assert "Deleted 2 runs" in said and "restorable until" in said
+    assert _names(pg) == ["run-1", "run-3"]
+
+    pg.check("#runs-filter input[name=deleted]")
+    pg.click("#runs-filter button[type=submit]")
+    pg.wait_for_url("**deleted=1**")
+    assert _names(pg) == ["run-0", "run-2"]
+    pg.check("input[name=run][value=run-2]")
+    pg.click("#bulk-restore")
+    pg.wait_for_selector("#runs-messages")
+    assert "Restored 1 run." in pg.inner_text("#runs-messages")
+    assert _names(pg) == ["run-0"]  # still the deleted runs' view
 
 
 def test_it_is_usable_at_800_px(
