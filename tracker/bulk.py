@@ -61,7 +61,8 @@ def _label(tag: str) -> str:
 def runs_tag(*, project: Project, run_ids: list[str], tag: str, remove: bool = False) -> int:
     """Add the label `tag` ("team:nlp", or a bare "baseline") to these runs, or remove it.
     Returns how many runs changed. An MLflow run's tag is set on its RunLink too, so the MLflow
-    API reports it and a later MLflow set_tag (which rebuilds the labels) keeps it."""
+    API reports it and a later MLflow set_tag (which rebuilds the labels from the RunLink) keeps
+    it, spelt as MLflow's labels are ("team: nlp", a bare tag "baseline: ")."""
     label = _label(tag)
     runs = _locked(project=project, run_ids=run_ids)
     changed = [r for r in runs if (label in r.tags) == remove]

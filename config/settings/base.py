@@ -263,10 +263,11 @@ RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = env.bool(
 # Staff and superusers create projects in the UI; true lets every logged-in user create one.
 RUNCAST_USERS_CAN_CREATE_PROJECTS = env.bool("RUNCAST_USERS_CAN_CREATE_PROJECTS", default=False)
 
-# How long a run deleted from the runs explorer (or MLflow's delete_run) stays restorable: the
-# explorer's "deleted runs" view lists it with the date it may be purged after. The purge
-# itself is not yet scheduled (docs/dashboard.md), so nothing is removed before then.
+# How long a run deleted from the runs explorer (or MLflow's delete_run) is promised to stay
+# restorable (the explorer's "Show deleted" view lists it with its deletion time). The purge
+# after it is not scheduled yet (docs/dashboard.md): until then nothing is removed at all.
 RUNCAST_DELETED_RUN_KEEP_DAYS = env.int("RUNCAST_DELETED_RUN_KEEP_DAYS", default=30)
+
 # Invitations are emailed when an SMTP server is configured (EMAIL_HOST set); without one,
 # owners create the account with a generated password shown to them once.
 RUNCAST_INVITE_EMAIL = env.bool("RUNCAST_INVITE_EMAIL", default=bool(env.str("EMAIL_HOST", "")))
