@@ -85,6 +85,15 @@ def beat_schedule(*, sweep_period_s: float) -> dict[str, dict[str, Any]]:
             "schedule": 3600.0,
             "options": {"expires": 3300},
         },
+        # Runs deleted from the explorer (or MLflow's delete_run) longer ago than
+        # RUNCAST_DELETED_RUN_KEEP_DAYS are deleted for good (tracker.bulk.runs_purge), their
+        # rows cascading; sweep-artifacts then removes their files. Hourly: a run is purged
+        # within the hour after its keep ends; with nothing to purge a pass is one index read.
+        "purge-deleted-runs": {
+            "task": "tracker.tasks.runs_purge",
+            "schedule": 3600.0,
+            "options": {"expires": 3300},
+        },
         # Artifacts go with their run, logged model or project: their files are deleted by the
         # next pass after the row is (tracker/mlflow/artifacts.py).
         "sweep-artifacts": {

@@ -1,5 +1,6 @@
 """What a member does to many runs at once from the runs explorer: tag or untag them, delete
-them (softly: restorable for RUNCAST_DELETED_RUN_KEEP_DAYS) and restore them.
+them (softly: restorable for RUNCAST_DELETED_RUN_KEEP_DAYS) and restore them; and the purge
+(`runs_purge`, hourly by beat) that deletes them for good once that keep is over.
 
 A deleted run has `Run.deleted_at` set; an MLflow run's `RunLink.lifecycle_stage` says
 "deleted" with it (MLflow's own `delete_run` sets both, tracker.mlflow.services.run_set_stage),
@@ -12,11 +13,13 @@ indistinguishable from a missing one).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 
+from config import sweeps
 from tracker import limits
 from tracker.mlflow.models import RunLink
 from tracker.models import Project, Run
@@ -25,6 +28,9 @@ from tracker.services import NotFound, ServiceError
 # At most one explorer page of runs per request (tracker.explorer.PAGE_SIZE_MAX).
 RUN_IDS_MAX = 500
 TAG_MAX = 100  # a label's length, as the run API and MLflow's labels keep it
+# Runs per purge transaction: each cascades to the run's points, events and forecasts, so a
+# transaction stays short even for long runs.
+PURGE_BATCH = 20
 
 
 def keep_until(deleted_at: datetime) -> datetime:
@@ -105,3 +111,54 @@ def runs_restore(*, project: Project, run_ids: list[str]) -> int:
     Run.objects.filter(pk__in=deleted).update(deleted_at=None)
     RunLink.objects.filter(run_id__in=deleted).update(lifecycle_stage=RunLink.Stage.ACTIVE)
     return len(deleted)
+
+
+def runs_purge(*, now: datetime, budget_s: float = 90.0) -> int:
+    """Delete for good the runs of every project deleted longer ago than the keep
+    (RUNCAST_DELETED_RUN_KEEP_DAYS before `now`); returns how many. Their rows cascade (points,
+    events, forecasts, flags, the MLflow RunLink); their artifact files go with the next hourly
+    `tracker.mlflow.tasks.artifacts_sweep`, which deletes the files of runs that no longer exist.
+
+    PURGE_BATCH runs per transaction, oldest deletion first, until none is left or `budget_s`
+    seconds have passed (the next tick continues). With nothing to purge it is one query on the
+    small partial index of deleted runs. A batch that raises is retried run by run, each a
+    `config.sweeps.unit`, so one run that cannot be deleted holds back no other."""
+    cutoff = now - timedelta(days=settings.RUNCAST_DELETED_RUN_KEEP_DAYS)
+    began = time.monotonic()
+    purged = 0
+    failed: set[int] = set()  # left for the next tick, which retries them
+    while time.monotonic() - began < budget_s:
+        ids = list(
+            Run.objects.filter(deleted_at__lt=cutoff)
+            .exclude(pk__in=failed)
+            .order_by("deleted_at", "pk")
+            .values_list("pk", flat=True)[:PURGE_BATCH]
+        )
+        if not ids:
+            break
+        n = _purge_unit(ids=ids, cutoff=cutoff)
+        if n is None:  # one of them raises: find which, run by run
+            n = 0
+            for pk in ids:
+                one = _purge_unit(ids=[pk], cutoff=cutoff)
+                if one is None:
+                    failed.add(pk)
+                n += one or 0
+        purged += n
+    return purged
+
+
+def _purge_unit(*, ids: list[int], cutoff: datetime) -> int | None:
+    """How many of these runs were purged, or None when that raised (logged, rolled back)."""
+    with sweeps.unit("purge of deleted runs", ids):
+        return _purge(ids=ids, cutoff=cutoff)
+    return None
+
+
+@transaction.atomic
+def _purge(*, ids: list[int], cutoff: datetime) -> int:
+    # Locked and checked again: a run restored since it was listed stays.
+    runs = Run.objects.select_for_update().filter(pk__in=ids, deleted_at__lt=cutoff)
+    locked = list(runs.order_by("pk").values_list("pk", flat=True))
+    _, per_model = Run.objects.filter(pk__in=locked).delete()
+    return per_model.get(Run._meta.label, 0)

@@ -264,8 +264,9 @@ RUNCAST_ALERTS_ALLOW_PRIVATE_TARGETS = env.bool(
 RUNCAST_USERS_CAN_CREATE_PROJECTS = env.bool("RUNCAST_USERS_CAN_CREATE_PROJECTS", default=False)
 
 # How long a run deleted from the runs explorer (or MLflow's delete_run) is promised to stay
-# restorable (the explorer's "Show deleted" view lists it with its deletion time). The purge
-# after it is not scheduled yet (docs/dashboard.md): until then nothing is removed at all.
+# restorable (the explorer's "Show deleted" view lists it with its deletion time). After it,
+# the hourly purge (tracker.bulk.runs_purge, beat entry purge-deleted-runs) deletes the run for
+# good: its points, forecasts and alerts with it, its artifact files by the next artifacts sweep.
 RUNCAST_DELETED_RUN_KEEP_DAYS = env.int("RUNCAST_DELETED_RUN_KEEP_DAYS", default=30)
 
 # Invitations are emailed when an SMTP server is configured (EMAIL_HOST set); without one,

@@ -3,19 +3,21 @@ explorer, the board and MLflow's search alike, restore, and ids of another proje
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from config.celery import beat_schedule
 from forecasting.board import board_runs
 from tests.dashboard.factories import listed_run as make
-from tracker import bulk, explorer
+from tracker import bulk, explorer, tasks
 from tracker.explorer import RunFilter
 from tracker.mlflow import search as mlflow_search
 from tracker.mlflow import services as mlflow_services
 from tracker.mlflow.models import RunLink
-from tracker.models import Project, Run
+from tracker.models import LatestMetric, Project, Run
 from tracker.services import NotFound, ServiceError
 
 pytestmark = pytest.mark.django_db
@@ -155,3 +157,70 @@ def test_no_selection_is_refused(project: Project) -> None:
     with pytest.raises(ServiceError) as caught:
         bulk.runs_delete(project=project, run_ids=[], now=timezone.now())
     assert caught.value.field == "run_ids"
+
+
+# --- the purge of runs deleted longer ago than the keep ---------------------------------------
+
+
+def _deleted(project: Project, name: str, *, days_ago: float | None, now: datetime) -> Run:
+    run = make(project, name, metrics={"loss": 1.0})
+    if days_ago is not None:
+        bulk.runs_delete(project=project, run_ids=[name], now=now - timedelta(days=days_ago))
+    return run
+
+
+def test_the_purge_deletes_runs_past_the_keep_and_keeps_the_others(
+    project: Project, other_project: Project
+) -> None:
+    now = timezone.now()
+    _deleted(project, "old", days_ago=31, now=now)
+    _deleted(project, "recent", days_ago=29, now=now)
+    _deleted(project, "live", days_ago=None, now=now)
+    _deleted(other_project, "theirs-old", days_ago=31, now=now)
+    link = mlflow_run(project, "m-old")
+    bulk.runs_delete(project=project, run_ids=["m-old"], now=now - timedelta(days=31))
+
+    assert bulk.runs_purge(now=now) == 3
+
+    assert sorted(Run.objects.values_list("public_id", flat=True)) == ["live", "recent"]
+    # The rows go with the run: its latest values, its MLflow link.
+    assert not LatestMetric.objects.exclude(run__public_id__in=["live", "recent"]).exists()
+    assert not RunLink.objects.filter(pk=link.pk).exists()
+    assert listed(project, deleted=True) == ["recent"]  # still restorable
+    assert bulk.runs_purge(now=now) == 0  # a second pass: nothing more
+
+
+def test_the_purge_follows_the_setting_and_works_in_batches(
+    project: Project, settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.RUNCAST_DELETED_RUN_KEEP_DAYS = 7  # type: ignore[attr-defined]
+    monkeypatch.setattr(bulk, "PURGE_BATCH", 2)
+    now = timezone.now()
+    for i in range(5):
+        _deleted(project, f"old{i}", days_ago=8, now=now)
+    _deleted(project, "recent", days_ago=6, now=now)
+    assert bulk.runs_purge(now=now) == 5
+    assert list(Run.objects.values_list("public_id", flat=True)) == ["recent"]
+
+
+def test_with_nothing_to_purge_it_is_one_query(
+    project: Project, django_assert_num_queries: Any
+) -> None:
+    now = timezone.now()
+    _deleted(project, "recent", days_ago=29, now=now)
+    _deleted(project, "live", days_ago=None, now=now)
+    with django_assert_num_queries(1):
+        assert bulk.runs_purge(now=now) == 0
+
+
+@pytest.mark.eager
+def test_the_purge_task_runs_twice_and_beat_schedules_it(project: Project) -> None:
+    now = timezone.now()
+    _deleted(project, "old", days_ago=31, now=now)
+    _deleted(project, "recent", days_ago=29, now=now)
+    tasks.runs_purge.delay()
+    tasks.runs_purge.delay()
+    assert list(Run.objects.values_list("public_id", flat=True)) == ["recent"]
+    entry = beat_schedule(sweep_period_s=60.0)["purge-deleted-runs"]
+    assert entry["task"] == "tracker.tasks.runs_purge"
+    assert entry["options"]["expires"] < entry["schedule"]
