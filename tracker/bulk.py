@@ -1,5 +1,6 @@
 """What a member does to many runs at once from the runs explorer: tag or untag them, delete
-them (softly: restorable for RUNCAST_DELETED_RUN_KEEP_DAYS) and restore them; and the purge
+them (softly: restorable for RUNCAST_DELETED_RUN_KEEP_DAYS) and restore them, move MLflow runs
+to another experiment of their project; and the purge
 (`runs_purge`, hourly by beat) that deletes them for good once that keep is over.
 
 A deleted run has `Run.deleted_at` set; an MLflow run's `RunLink.lifecycle_stage` says
@@ -21,7 +22,7 @@ from django.db import transaction
 
 from config import sweeps
 from tracker import limits
-from tracker.mlflow.models import RunLink
+from tracker.mlflow.models import DEFAULT_EXPERIMENT_ID, Experiment, RunLink
 from tracker.models import Project, Run
 from tracker.services import NotFound, ServiceError
 
@@ -111,6 +112,67 @@ def runs_restore(*, project: Project, run_ids: list[str]) -> int:
     Run.objects.filter(pk__in=deleted).update(deleted_at=None)
     RunLink.objects.filter(run_id__in=deleted).update(lifecycle_stage=RunLink.Stage.ACTIVE)
     return len(deleted)
+
+
+def _experiment_label(experiment: Experiment) -> str | None:
+    # As tracker.mlflow.services labels an MLflow run: its experiment's name, unless Default.
+    if experiment.public_id == DEFAULT_EXPERIMENT_ID:
+        return None
+    return f"experiment: {experiment.name}"[:TAG_MAX]
+
+
+@transaction.atomic
+def runs_move(*, project: Project, run_ids: list[str], experiment_id: str) -> int:
+    """Move these MLflow runs to the MLflow experiment `experiment_id` (its public id) of the
+    same project; returns how many were in another experiment. The run page's experiment chip
+    follows; MLflow's get_run and runs/search then report the run in its new experiment (its
+    artifact URI names it too; the files stay under the run's own prefix).
+
+    Refused, changing nothing: an experiment not of this project (404, as a missing one), a
+    deleted experiment (MLflow creates no run in one either), and a run the Runcast client
+    logged (it has no RunLink). Such a run is not given one: MLflow would then report the
+    status the link was made with while the client and the liveness sweep move the run's own,
+    and its MLflow writes would be ingested as a new segment beside the client's points."""
+    experiment = (
+        Experiment.objects.filter(project=project, public_id=experiment_id.strip()).first()
+        if experiment_id.strip()
+        else None
+    )
+    if experiment is None:
+        raise NotFound(
+            f"no such experiment in this project: {experiment_id.strip()[:40]!r}",
+            field="experiment_id",
+        )
+    if experiment.lifecycle_stage != Experiment.Stage.ACTIVE:
+        raise ServiceError(
+            f"the experiment {experiment.name!r} is deleted: restore it first",
+            field="experiment_id",
+        )
+    runs = _locked(project=project, run_ids=run_ids)
+    links = {
+        link.run_id: link
+        for link in RunLink.objects.select_for_update()
+        .select_related("experiment")
+        .filter(run__in=runs)
+    }
+    unlinked = [r.public_id for r in runs if r.pk not in links]
+    if unlinked:
+        raise ServiceError(
+            "only MLflow runs belong to an experiment; runs logged by the Runcast client: "
+            + ", ".join(unlinked[:5])
+            + (" ..." if len(unlinked) > 5 else ""),
+            field="run_ids",
+        )
+    moved = [r for r in runs if links[r.pk].experiment_id != experiment.pk]
+    new_label = _experiment_label(experiment)
+    for run in moved:
+        old_label = _experiment_label(links[run.pk].experiment)
+        kept = [t for t in run.tags if t not in (old_label, new_label)]
+        # At most MAX_TAGS labels, as every MLflow write rebuilds them.
+        run.tags = [*([new_label] if new_label else []), *kept][: limits.MAX_TAGS]
+    Run.objects.bulk_update(moved, ["tags"])
+    RunLink.objects.filter(run__in=moved).update(experiment=experiment)
+    return len(moved)
 
 
 def runs_purge(*, now: datetime, budget_s: float = 90.0) -> int:

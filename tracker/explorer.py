@@ -20,6 +20,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from tracker import query
+from tracker.mlflow.models import Experiment
 from tracker.models import Deadline, LatestMetric, MetricChunk, Project, Run
 from tracker.query import QueryError
 
@@ -290,6 +291,12 @@ def experiment_choices(*, projects: list[Project]) -> list[str]:
     rows = Run.objects.filter(project__in=projects, mlflow__isnull=False)
     names = rows.values_list("mlflow__experiment__name", flat=True).distinct()
     return sorted(n for n in names if n)
+
+
+def experiment_targets(*, project: Project) -> list[Experiment]:
+    """The MLflow experiments of a project that runs may be moved to: the active ones, by name."""
+    found = Experiment.objects.filter(project=project, lifecycle_stage=Experiment.Stage.ACTIVE)
+    return list(found.order_by("name"))
 
 
 def deadline_list_all(*, projects: list[Project]) -> QuerySet[Deadline]:

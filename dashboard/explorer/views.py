@@ -196,6 +196,8 @@ def runs_page(request: HttpRequest, project: str | None = None) -> HttpResponse:
         "view_query": request.GET.urlencode(),
         "keep_days": settings.RUNCAST_DELETED_RUN_KEEP_DAYS,
     }
+    if membership and membership.can_edit:  # the bulk move's choices (one query, members only)
+        context["move_targets"] = explorer.experiment_targets(project=membership.project)
     try:
         state = parse_state(request.GET)
         table = runs_table(
@@ -292,16 +294,16 @@ def view_delete(request: HttpRequest, project: str, view_id: int) -> HttpRespons
 
 # --- bulk actions ----------------------------------------------------------------------------
 
-BULK_ACTIONS = ("compare", "tag", "untag", "delete", "restore")
+BULK_ACTIONS = ("compare", "tag", "untag", "delete", "restore", "move")
 
 
 @login_required
 @require_POST
 def runs_bulk(request: HttpRequest, project: str) -> HttpResponse:
-    """The selected runs of a project's explorer page, tagged, untagged, deleted or restored
-    (members), then back to the same view (its query string is the `view` field). "compare"
-    only forwards the selection to the compare page: the selection is one POST form (its CSRF
-    token must not travel in a GET URL)."""
+    """The selected runs of a project's explorer page, tagged, untagged, deleted, restored or
+    moved to another MLflow experiment (members), then back to the same view (its query string
+    is the `view` field). "compare" only forwards the selection to the compare page: the
+    selection is one POST form (its CSRF token must not travel in a GET URL)."""
     membership = membership_for(
         user=request.user, project_slug=project, need=Membership.Role.MEMBER
     )
@@ -332,6 +334,13 @@ def runs_bulk(request: HttpRequest, project: str) -> HttpResponse:
                 f"Deleted {n} run{'s' if n != 1 else ''}: they are restorable until {until} "
                 "from the deleted runs view (Show deleted), with Restore."
             )
+        elif action == "move":
+            n = bulk.runs_move(
+                project=membership.project,
+                run_ids=run_ids,
+                experiment_id=request.POST.get("experiment_id", ""),
+            )
+            said = f"Moved {n} run{'s' if n != 1 else ''} to another experiment."
         else:
             n = bulk.runs_restore(project=membership.project, run_ids=run_ids)
             said = f"Restored {n} run{'s' if n != 1 else ''}."

@@ -18,6 +18,8 @@ from django.utils import timezone
 from forecasting.models import Forecast
 from tests.dashboard import factories
 from tests.dashboard.factories import listed_run as make
+from tracker.mlflow import services as mlflow_services
+from tracker.mlflow.models import RunLink
 from tracker.models import Deadline, Project, Run
 
 pytestmark = pytest.mark.django_db
@@ -333,3 +335,58 @@ def test_compare_from_a_member_s_selection_forwards_the_runs(client: Any, projec
     resp = client.post(BULK, {"action": "compare", "run": ["a", "b"]})
     assert resp.status_code == 302
     assert resp["Location"] == "/projects/llm/compare/?run=a&run=b"
+
+
+def test_a_member_moves_mlflow_runs_to_an_experiment_of_the_project(
+    client: Any, project: Project, other_project: Project
+) -> None:
+    link = mlflow_services.run_create(
+        project=project,
+        experiment=mlflow_services.experiment_default(project=project),
+        user_id="ada",
+        start_time_ms=None,
+        tags=[],
+        run_name="m1",
+        run_id="m1",
+    )
+    vision = mlflow_services.experiment_create(project=project, name="vision", tags={})
+    theirs = mlflow_services.experiment_create(project=other_project, name="theirs", tags={})
+    _login(client, "member")
+    page = client.get("/projects/llm/runs/").content.decode()
+    assert (
+        'id="bulk-move"' in page and f'<option value="{vision.public_id}">vision</option>' in page
+    )
+    assert "theirs" not in page
+
+    form = {"action": "move", "run": ["m1"], "view": "sort=name"}
+    resp = client.post(BULK, {**form, "experiment_id": vision.public_id}, follow=True)
+    assert "Moved 1 run to another experiment." in resp.content.decode()
+    link.refresh_from_db()
+    assert link.experiment_id == vision.pk
+    # Another project's experiment is a 404 and moves nothing.
+    assert client.post(BULK, {**form, "experiment_id": theirs.public_id}).status_code == 404
+    link.refresh_from_db()
+    assert link.experiment_id == vision.pk
+
+    # A viewer may not (and sees no move), an outsider learns nothing.
+    client.logout()
+    _login(client, "viewer")
+    assert 'id="bulk-move"' not in client.get("/projects/llm/runs/").content.decode()
+    assert client.post(BULK, {**form, "experiment_id": "0"}).status_code == 403
+    client.logout()
+    _login(client, "outsider")
+    assert client.post(BULK, {**form, "experiment_id": "0"}).status_code == 404
+    link.refresh_from_db()
+    assert link.experiment_id == vision.pk
+
+
+def test_moving_a_runcast_client_run_is_said_and_changes_nothing(
+    client: Any, project: Project
+) -> None:
+    make(project, "client-run")
+    mlflow_services.experiment_default(project=project)
+    _login(client, "member")
+    form = {"action": "move", "run": ["client-run"], "experiment_id": "0"}
+    resp = client.post(BULK, form, follow=True)
+    assert "run_ids: only MLflow runs belong to an experiment" in resp.content.decode()
+    assert not RunLink.objects.exists()

@@ -17,6 +17,7 @@ from tracker.explorer import RunFilter
 from tracker.mlflow import search as mlflow_search
 from tracker.mlflow import services as mlflow_services
 from tracker.mlflow.models import RunLink
+from tracker.mlflow.parsing import KeyValue
 from tracker.models import LatestMetric, Project, Run
 from tracker.services import NotFound, ServiceError
 
@@ -224,3 +225,88 @@ def test_the_purge_task_runs_twice_and_beat_schedules_it(project: Project) -> No
     entry = beat_schedule(sweep_period_s=60.0)["purge-deleted-runs"]
     assert entry["task"] == "tracker.tasks.runs_purge"
     assert entry["options"]["expires"] < entry["schedule"]
+
+
+# --- move to an experiment ---------------------------------------------------------------------
+
+
+def mlflow_search_ids(project: Project, experiment_id: str) -> list[str]:
+    links, _ = mlflow_search.runs(
+        project=project,
+        experiment_ids=[experiment_id],
+        view="ACTIVE_ONLY",
+        search=mlflow_search.read("", []),
+        limit=100,
+        page_token="",
+    )
+    return sorted(link.run.public_id for link in links)
+
+
+def test_runs_move_to_another_experiment_where_explorer_and_mlflow_see_them(
+    project: Project,
+) -> None:
+    default = mlflow_services.experiment_default(project=project)
+    vision = mlflow_services.experiment_create(project=project, name="vision", tags={})
+    nlp = mlflow_services.experiment_create(project=project, name="nlp", tags={})
+    mlflow_run(project, "m1")
+    mlflow_run(project, "m2")
+    bulk.runs_tag(project=project, run_ids=["m1"], tag="baseline")
+
+    assert (
+        bulk.runs_move(project=project, run_ids=["m1", "m2"], experiment_id=vision.public_id) == 2
+    )
+    assert mlflow_search_ids(project, vision.public_id) == ["m1", "m2"]
+    assert mlflow_search_ids(project, default.public_id) == []
+    assert listed(project, text="experiment = 'vision'") == ["m1", "m2"]
+    assert Run.objects.get(public_id="m1").tags == ["experiment: vision", "baseline"]
+
+    assert bulk.runs_move(project=project, run_ids=["m1", "m2"], experiment_id=nlp.public_id) == 2
+    assert Run.objects.get(public_id="m1").tags == ["experiment: nlp", "baseline"]
+    # Again to the same one: nothing changes; back to Default: no experiment chip.
+    assert bulk.runs_move(project=project, run_ids=["m2"], experiment_id=nlp.public_id) == 0
+    assert bulk.runs_move(project=project, run_ids=["m1"], experiment_id="0") == 1
+    assert Run.objects.get(public_id="m1").tags == ["baseline"]
+    # A later MLflow write rebuilds the labels from the new experiment, as the move left them.
+    link = RunLink.objects.get(run__public_id="m2")
+    mlflow_services.run_log(link=link, metrics=[], params=[], tags=[KeyValue("team", "nlp")])
+    assert Run.objects.get(public_id="m2").tags == ["experiment: nlp", "team: nlp"]
+
+
+def test_move_refuses_another_project_s_experiment_or_run_and_changes_nothing(
+    project: Project, other_project: Project
+) -> None:
+    mlflow_run(project, "m1")
+    mlflow_run(other_project, "theirs")
+    ours = mlflow_services.experiment_create(project=project, name="vision", tags={})
+    other = mlflow_services.experiment_create(project=other_project, name="vision", tags={})
+    for experiment_id, field in (
+        (other.public_id, "experiment_id"),
+        ("", "experiment_id"),
+        ("nope", "experiment_id"),
+    ):
+        with pytest.raises(NotFound) as caught:
+            bulk.runs_move(project=project, run_ids=["m1"], experiment_id=experiment_id)
+        assert caught.value.field == field
+    with pytest.raises(NotFound) as caught:
+        bulk.runs_move(project=project, run_ids=["m1", "theirs"], experiment_id=ours.public_id)
+    assert caught.value.field == "run_ids" and "theirs" in caught.value.message
+    assert RunLink.objects.get(run__public_id="m1").experiment.public_id == "0"
+    assert RunLink.objects.get(run__public_id="theirs").experiment.public_id == "0"
+
+
+def test_move_refuses_a_deleted_experiment_and_a_runcast_client_run(project: Project) -> None:
+    mlflow_run(project, "m1")
+    make(project, "client-run")
+    gone = mlflow_services.experiment_create(project=project, name="gone", tags={})
+    mlflow_services.experiment_set_stage(experiment=gone, stage="deleted")
+    with pytest.raises(ServiceError) as caught:
+        bulk.runs_move(project=project, run_ids=["m1"], experiment_id=gone.public_id)
+    assert caught.value.field == "experiment_id" and "deleted" in caught.value.message
+    vision = mlflow_services.experiment_create(project=project, name="vision", tags={})
+    with pytest.raises(ServiceError) as caught:
+        bulk.runs_move(
+            project=project, run_ids=["m1", "client-run"], experiment_id=vision.public_id
+        )
+    assert caught.value.field == "run_ids" and "client-run" in caught.value.message
+    assert RunLink.objects.get(run__public_id="m1").experiment.public_id == "0"
+    assert not RunLink.objects.filter(run__public_id="client-run").exists()
