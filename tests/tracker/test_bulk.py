@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from config.celery import beat_schedule
@@ -212,6 +213,31 @@ def test_with_nothing_to_purge_it_is_one_query(
     _deleted(project, "live", days_ago=None, now=now)
     with django_assert_num_queries(1):
         assert bulk.runs_purge(now=now) == 0
+
+
+REFUSE_STUCK = {
+    "postgresql": "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'no'; "
+    "END $$ LANGUAGE plpgsql; CREATE TRIGGER refuse BEFORE DELETE ON tracker_run FOR EACH ROW "
+    "WHEN (OLD.public_id = 'stuck') EXECUTE FUNCTION refuse()",
+    "sqlite": "CREATE TRIGGER refuse BEFORE DELETE ON tracker_run FOR EACH ROW "
+    "WHEN OLD.public_id = 'stuck' BEGIN SELECT RAISE(ABORT, 'no'); END",
+}
+
+
+def test_a_run_that_cannot_be_deleted_holds_back_no_other(
+    project: Project, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(bulk, "PURGE_BATCH", 2)
+    now = timezone.now()
+    for name in ("a", "stuck", "b", "c"):
+        _deleted(project, name, days_ago=31, now=now)
+    # A real failure in the database: deleting the row "stuck" raises (a trigger, which goes
+    # with the test's transaction).
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_STUCK[connection.vendor])
+    assert bulk.runs_purge(now=now) == 3
+    assert list(Run.objects.values_list("public_id", flat=True)) == ["stuck"]
+    assert "purge of deleted runs" in caplog.text
 
 
 @pytest.mark.eager
