@@ -1,6 +1,6 @@
 """The runs explorer in Chromium: filter (and the error that marks its token), sort by a metric
 and back, the view's state in the URL, the CSV download, select -> compare, bulk tag, delete
-and restore, and 800 px."""
+and restore, move to an experiment, and 800 px."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from tests.dashboard.factories import listed_run as make
 from tests.dashboard.test_browser import CHROMIUM, bare_page, browser  # noqa: F401
+from tracker.mlflow import services as mlflow_services
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -144,6 +145,34 @@ def test_a_member_tags_deletes_and_restores_selected_runs_in_the_same_view(
     pg.wait_for_selector("#runs-messages")
     assert "Restored 1 run." in pg.inner_text("#runs-messages")
     assert _names(pg) == ["run-0"]  # still the deleted runs' view
+
+
+def test_a_member_moves_a_selected_mlflow_run_to_an_experiment(
+    bare_page: Any,  # noqa: F811
+    project: Any,
+) -> None:
+    default = mlflow_services.experiment_default(project=project)
+    for name in ("m1", "m2"):
+        mlflow_services.run_create(
+            project=project,
+            experiment=default,
+            user_id="ada",
+            start_time_ms=None,
+            tags=[],
+            run_name=name,
+            run_id=name,
+        )
+    mlflow_services.experiment_create(project=project, name="vision", tags={})
+    pg = bare_page
+    pg.goto(f"{pg.base}/projects/llm/runs/?sort=name&dir=asc")
+    pg.check("input[name=run][value=m2]")
+    pg.select_option("#runs-bulk select[name=experiment_id]", label="vision")
+    pg.click("#bulk-move")
+    pg.wait_for_selector("#runs-messages")
+    assert "Moved 1 run to another experiment." in pg.inner_text("#runs-messages")
+    assert _query(pg) == {"sort": ["name"], "dir": ["asc"]}  # the same view
+    assert "vision" in pg.inner_text("#runs-table tr[data-run=m2]")
+    assert "vision" not in pg.inner_text("#runs-table tr[data-run=m1]")
 
 
 def test_it_is_usable_at_800_px(
