@@ -30,7 +30,9 @@ from tracker.services import NotFound, ServiceError
 RUN_IDS_MAX = 500
 TAG_MAX = 100  # a label's length, as the run API and MLflow's labels keep it
 # Runs per purge transaction: each cascades to the run's points, events and forecasts, so a
-# transaction stays short even for long runs.
+# transaction stays short even for long runs. The one cascade Django loads row by row, the
+# run's ingest-batch rows, is empty by then: retention deletes them after
+# RUNCAST_BATCH_KEEP_DAYS (7), well inside the keep (30).
 PURGE_BATCH = 20
 
 
