@@ -128,6 +128,33 @@ def test_mlflow_s_own_delete_run_is_the_same_soft_delete(project: Project) -> No
     assert link.lifecycle_stage == RunLink.Stage.ACTIVE
 
 
+def test_deleting_an_mlflow_experiment_soft_deletes_its_runs_and_restoring_it_restores_them(
+    project: Project,
+) -> None:
+    """MLflow's experiment delete marked its runs deleted for MLflow only: they stayed on the
+    board and in the explorer, and the purge never saw them. A run deleted on its own before
+    keeps its own deletion time."""
+    experiment = mlflow_services.experiment_create(project=project, name="sweep", tags={})
+    for run_id in ("e1", "e2"):
+        mlflow_services.run_create(
+            project=project,
+            experiment=experiment,
+            user_id="ada",
+            start_time_ms=None,
+            tags=[],
+            run_name=run_id,
+            run_id=run_id,
+        )
+    earlier = timezone.now() - timedelta(days=3)
+    Run.objects.filter(public_id="e2").update(deleted_at=earlier)
+    mlflow_services.experiment_set_stage(experiment=experiment, stage="deleted")
+    assert listed(project) == []
+    assert Run.objects.get(public_id="e2").deleted_at == earlier
+    experiment.refresh_from_db()
+    mlflow_services.experiment_set_stage(experiment=experiment, stage="active")
+    assert listed(project) == ["e1", "e2"]
+
+
 def test_keep_until_is_the_setting_s_days_after_the_delete(settings: object) -> None:
     settings.RUNCAST_DELETED_RUN_KEEP_DAYS = 7  # type: ignore[attr-defined]
     at = timezone.now()

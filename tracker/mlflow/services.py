@@ -154,8 +154,14 @@ def experiment_set_stage(*, experiment: Experiment, stage: str) -> None:
             lifecycle_stage=stage, updated_at=timezone.now()
         )
         # As MLflow's store: deleting an experiment deletes its runs (no longer searchable nor
-        # writable), restoring it restores them.
+        # writable), restoring it restores them. The same soft delete as run_set_stage's, so
+        # the board, the explorer and the purge see it too (a run deleted before keeps its time).
         RunLink.objects.filter(experiment=experiment).update(lifecycle_stage=stage)
+        runs = Run.objects.filter(mlflow__experiment=experiment)
+        if stage == Experiment.Stage.DELETED:
+            runs.filter(deleted_at__isnull=True).update(deleted_at=timezone.now())
+        else:
+            runs.update(deleted_at=None)
 
 
 def experiment_check_active(*, experiment: Experiment) -> None:
