@@ -36,6 +36,7 @@ from forecasting.selectors import (
     outlook_for_run,
 )
 from tracker import rank_timings
+from tracker.bulk import keep_until
 from tracker.explorer import deadline_list_past
 from tracker.models import Host, Run
 from tracker.selectors import (
@@ -97,6 +98,8 @@ class RunPage:
     config: list[tuple[str, str]] = field(default_factory=list)
     # Its hosts as (name, has a host page) (forecasting.gpu.selectors.run_host_pages).
     hosts: list[tuple[str, bool]] = field(default_factory=list)
+    # A soft-deleted run (reached by its URL): until when it can be restored.
+    deleted_until: datetime | None = None
 
     @property
     def config_shown(self) -> list[tuple[str, str]]:
@@ -141,6 +144,7 @@ def run_page(*, run: Run, now: datetime) -> RunPage:
         hosts=gpu_selectors.run_host_pages(
             run=run, agent_hosts=outlook.gpu_split["hosts"] if outlook.gpu_split else []
         ),
+        deleted_until=keep_until(run.deleted_at) if run.deleted_at else None,
     )
 
 

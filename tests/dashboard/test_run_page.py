@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, timedelta
 
 import numpy as np
 import pytest
@@ -66,6 +67,22 @@ def test_run_page_answers_finish_loss_and_cost(client, member, run):
     assert "spike explained" in html  # open flag and history
     assert 'data-loss-key="loss"' in html
     assert "GPU·h on 8 GPUs" in html
+
+
+def test_a_deleted_run_s_page_says_so_and_until_when_it_can_be_restored(
+    client, member, run, settings
+):
+    """Reached by its URL, a soft-deleted run's page read like a live one's."""
+    client.force_login(member)
+    assert 'id="run-deleted"' not in client.get("/runs/llm/r/").content.decode()
+    settings.RUNCAST_DELETED_RUN_KEEP_DAYS = 30
+    deleted = timezone.now()
+    Run.objects.filter(pk=run.pk).update(deleted_at=deleted)
+    html = client.get("/runs/llm/r/").content.decode()
+    notice = html[html.index('id="run-deleted"') :][:700]
+    until = deleted + timedelta(days=30)
+    assert f'datetime="{until.astimezone(UTC).isoformat()}"' in notice
+    assert "restore it until" in notice and "?deleted=1" in notice
 
 
 def test_run_page_prices_a_run_without_a_world_size_as_one_process_and_says_so(
