@@ -167,6 +167,12 @@ def load_rows(path: Path) -> tuple[list[Row], int | None] | None:
     return out, total
 
 
+def read_loss(rows: list[Row]) -> str:
+    """The Row field of the loss the server reads: the train loss when the run logs one, else
+    its validation loss (some log only that)."""
+    return "loss" if any(r.loss is not None for r in rows) else "val"
+
+
 def inject(rows: list[Row], kind: str, rng: random.Random) -> tuple[list[Row], Fault]:
     """The rows with one fault from a random point of the run's middle."""
     end = rows[-1].t
@@ -176,7 +182,7 @@ def inject(rows: list[Row], kind: str, rng: random.Random) -> tuple[list[Row], F
     out = [Row(r.step, r.t, r.loss, r.val) for r in rows]
     tail = out[i:]
     # Into the loss the run logs (some log only a validation loss).
-    attr = "loss" if any(r.loss is not None for r in out) else "val"
+    attr = read_loss(out)
     if kind == "nan":
         for r in tail:  # the loss goes non-finite and stays so, as a blown-up run does
             if getattr(r, attr) is not None:

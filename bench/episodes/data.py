@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.flagstream import Row
+from bench.flagstream import Row, read_loss
 
 SHAPES = ("blowup", "spike", "oscillation", "nan")
 CHECKPOINT_SHARE = 0.02
@@ -79,7 +79,7 @@ def inject_episode(rows: list[Row], shape: str, rng: random.Random) -> tuple[lis
     cut = rng.uniform(0.3, 0.7) * rows[-1].t
     # At a logged loss (the one the server reads: the train loss when there is one): a row
     # with only a timing would put the onset before any point could show it.
-    main = "loss" if any(r.loss is not None for r in rows) else "val"
+    main = read_loss(rows)
     logged = [i for i, r in enumerate(rows) if getattr(r, main) is not None]
     i0 = next((i for i in logged if rows[i].t >= cut), logged[-1])
     at = rows[i0]

@@ -127,7 +127,7 @@ def _visible(
     rows: list[fs.Row], bad_rows: list[fs.Row], episode: Episode, extras: Extras
 ) -> bool | None:
     """score.visible_before_checkpoint on the loss the server reads (the train loss if any)."""
-    attr = "loss" if any(r.loss is not None for r in rows) else "val"
+    attr = fs.read_loss(rows)
     keep = [i for i, r in enumerate(rows) if getattr(r, attr) is not None]
     steps = np.array([rows[i].step for i in keep], dtype=float)
     clean = np.array([getattr(rows[i], attr) for i in keep], dtype=float)
