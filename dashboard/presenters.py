@@ -31,8 +31,11 @@ TICK_STEPS = (
     2592000,
 )
 MAX_TICKS = 7
-# The host page's windows run from 3 minutes to a day: whole minutes first.
-HOST_TICK_STEPS = (60, 120, *TICK_STEPS)
+# Labels past this share of an axis would spill out of it (a label is centred on its time).
+KEEP_LABELS_BEFORE = 0.97
+# The host page's windows run from 3 minutes to a day: whole minutes first, each spacing at
+# most twice the one before, so every window of 7 minutes or more gets at least three labels.
+HOST_TICK_STEPS = (60, 120, 180, *TICK_STEPS)
 # Share of the axis shown before "now", so the now-line and short bars stay visible.
 LEAD_IN = 0.04
 # A P90 this many times further than the cutoff is clipped: the lane stays readable and the
@@ -111,23 +114,34 @@ class _Axis:
 
 
 def time_ticks(start: float, end: float, steps: tuple[int, ...] = TICK_STEPS) -> list[Tick]:
-    """At most MAX_TICKS ticks on whole multiples of the first spacing in `steps` that fits,
-    placed in percent of [start, end]."""
+    """Ticks on whole multiples of the finest spacing in `steps` that keeps at most MAX_TICKS
+    labels, placed in percent of [start, end].
+
+    The count that decides is the count kept: a label in the lane's last 3% is dropped (it would
+    spill out), so choosing on width / step alone could leave a 15-minute window with two labels.
+    Choosing on the kept count, with spacings at most twice their neighbours, leaves at least
+    three whenever the window holds 3.5 of the finest spacing."""
     width = end - start
+    inside = start + KEEP_LABELS_BEFORE * width  # the last label must sit before this
+
+    def kept(step: int) -> int:
+        first = (math.floor(start / step) + 1) * step
+        return max(0, math.ceil((inside - first) / step))
+
     longest = steps[-1]
     # Past the longest spacing (a cutoff years out), whole multiples of it: never more
     # than MAX_TICKS labels, however far the axis reaches.
     fallback = longest * math.ceil(width / longest / MAX_TICKS)
-    step = next((s for s in steps if width / s <= MAX_TICKS), fallback)
-    first = (int(start // step) + 1) * step
+    step = next((s for s in steps if kept(s) <= MAX_TICKS), fallback)
+    first = (math.floor(start / step) + 1) * step
 
     def pos(t: float) -> float:
         return max(0.0, min(100.0, 100 * (t - start) / width))
 
     return [
         Tick(pos(t), float(t), step >= 86400)
-        for t in range(first, int(end), step)
-        if pos(t) < 97  # keep the last label inside the lane
+        for t in range(first, math.ceil(inside), step)
+        if t < inside
     ]
 
 
