@@ -104,13 +104,13 @@ class Tree(harness.TreeRss):
             self._stop_event.wait(self.interval)
 
     def heavy(self) -> int:
-        """How many processes of the tree have scipy, pandas or statsmodels loaded (their
+        """How many processes of the tree have scipy or pandas loaded (their
         compiled extensions show in the memory map)."""
         count = 0
         for pid in self.tree():
             with suppress(OSError), open(f"/proc/{pid}/maps") as fh:
                 maps = fh.read()
-            if any(f"/{name}/" in maps for name in ("scipy", "pandas", "statsmodels")):
+            if any(f"/{name}/" in maps for name in ("scipy", "pandas")):
                 count += 1
         return count
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from config import sweeps
 from forecasting import retention, selectors
 
-# `forecasting.compute` and `forecasting.liveness` (the estimators: scipy, pandas, statsmodels;
+# `forecasting.compute` and `forecasting.liveness` (the estimators: scipy and pandas;
 # ~100 MB per process) are imported inside the tasks, not here: web workers import this module to
 # enqueue and must not carry the forecasting stack they never run (tests/test_memory.py keeps it
 # that way).

@@ -1,6 +1,6 @@
 """The web path stays lean: a gunicorn worker never imports the forecasting stack.
 
-scipy, statsmodels and pandas cost each web worker ~100 MB and a second at boot, and no page or
+scipy and pandas cost each web worker ~100 MB and a second at boot, and no page or
 API view needs them (they run in the Celery worker). Checked in a fresh interpreter, since this
 test process has long imported everything.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("scipy", "statsmodels", "pandas")
+HEAVY = ("scipy", "pandas")
 
 # What a web worker loads: the WSGI app, every view behind every URL, every template tag
 # library, and the admin's registrations. Prints the heavy top-level packages then in memory.
