@@ -62,6 +62,8 @@ class Sender(threading.Thread):
             session, settings.batch_points, settings.max_body_bytes
         )
         self.flush_interval = settings.flush_interval if flush_interval is None else flush_interval
+        # What this process asked for; the server's pacing hint may only lengthen it.
+        self._own_flush_interval = self.flush_interval
         self.offline = settings.mode == "offline"
         self.blocked = False
         self.backlog = False
@@ -297,6 +299,7 @@ class Sender(threading.Thread):
             if verdict is Verdict.OK:
                 record_success(self.client.counters, self.kind, response)
                 self._points_sent += sealed.points
+                self._follow_pacing(response[1])
                 self._server_answered()
             elif verdict is Verdict.DROP:
                 self.client.warn_once(self.kind, response, f"dropping batch seq {sealed.seq}")
@@ -312,6 +315,20 @@ class Sender(threading.Thread):
                 return
             self._outbox.popleft()
 
+    def _follow_pacing(self, payload: Any) -> None:
+        """Send the next batches no sooner than the server asks (tracker/pacing.py): under load it
+        asks for fewer, larger batches. Never sooner than this process's own flush_interval, and
+        never later than its heartbeat interval, by which the server judges that it is alive. A
+        batch answered without a hint (no load, or an older server) returns to our own."""
+        if self.kind != "batch" or not isinstance(payload, dict):
+            return
+        hint = payload.get("flush_interval")
+        if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not hint >= 0:
+            self.flush_interval = self._own_flush_interval
+            return
+        paced = min(float(hint), self.settings.heartbeat_interval)
+        self.flush_interval = max(self._own_flush_interval, paced)
+
     def _on_replayed(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "create":
             self.on_created(payload)
@@ -319,6 +336,7 @@ class Sender(threading.Thread):
             # Replayed batches are counted as the server reports them (0 for a duplicate).
             accepted = payload.get("accepted")
             self._points_sent += accepted if isinstance(accepted, int) else 0
+            self._follow_pacing(payload)
 
     # -- outage / blocked bookkeeping ----------------------------------------------
 

@@ -292,6 +292,14 @@ LOGGING = {
 # sweep's own ticks). docker-compose and scripts/dev set it.
 RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
 
+# Flush pacing (tracker/pacing.py): once live runs sending a batch a second each would exceed
+# RUNCAST_INGEST_BATCHES_PER_S, each batch's answer asks its run to wait live runs / budget
+# seconds between batches, at most RUNCAST_FLUSH_INTERVAL_MAX_S, so a thousand live runs do not
+# send a thousand requests a second. The maximum stays well under the liveness sweep's one-minute
+# floor on silence (STALL_MIN_S) and the clients' 15-s heartbeat. 0 turns pacing off.
+RUNCAST_INGEST_BATCHES_PER_S = env.float("RUNCAST_INGEST_BATCHES_PER_S", default=100.0)
+RUNCAST_FLUSH_INTERVAL_MAX_S = env.float("RUNCAST_FLUSH_INTERVAL_MAX_S", default=10.0)
+
 # The liveness sweep's period: the `sweep-active-runs` beat entry (config/celery.py) runs this
 # often, and the sweep judges a gap of a few periods in its own ticks as a worker outage.
 RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)

@@ -504,3 +504,34 @@ def test_world_size_and_rank_come_from_an_initialised_process_group(
     out, _ = other.communicate(timeout=60)
     assert server.run().body["world_size"] == 2
     assert out.strip() == "NoOpRun"  # rank 1 knew it was not rank 0
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ([{"flush_interval": 4.0}], 4.0),
+        # Never later than the heartbeat interval the server judges liveness by (5 s here).
+        ([{"flush_interval": 30.0}], 5.0),
+        # Never sooner than the process's own setting.
+        ([{"flush_interval": 0.01}], 0.05),
+        # The load passed (or an older server): back to its own.
+        ([{"flush_interval": 4.0}, {}], 0.05),
+        ([{"flush_interval": 4.0}, {"flush_interval": "soon"}], 0.05),
+        ([{"flush_interval": float("nan")}], 0.05),
+        ([{"flush_interval": True}], 0.05),
+    ],
+)
+def test_the_sender_follows_the_servers_pacing_within_its_own_bounds(
+    make_settings: MakeSettings, answers: list[dict], expected: float
+) -> None:
+    import collections
+
+    from runcast.sender import Sender
+
+    settings = make_settings("http://127.0.0.1:9", heartbeat_interval=5.0)
+    sender = Sender(
+        run_id="r", session="s", settings=settings, queue=collections.deque(), on_created=print
+    )
+    for answer in answers:
+        sender._follow_pacing({"accepted": 1, "duplicate": False, **answer})
+    assert sender.flush_interval == expected

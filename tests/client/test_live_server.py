@@ -299,3 +299,32 @@ def test_hostile_create_values_do_not_cost_the_run(live_server, fast_settings, s
     assert saved.status == "finished" and len(saved.name) == 200 and len(saved.tags) == 64
     assert saved.config == {"clip": "Infinity", "p": "ab"}
     assert not list(spool_dir.rglob("*.json")), "nothing left in the spool"
+
+
+def test_a_paced_client_sends_fewer_larger_batches_and_loses_nothing(
+    live_server, fast_settings, settings
+):
+    from django.core.cache import cache
+
+    from tracker import pacing
+    from tracker.models import IngestBatch
+
+    # One live run against a budget of half a batch a second: the server asks for 2 s.
+    settings.RUNCAST_INGEST_BATCHES_PER_S = 0.5
+    settings.RUNCAST_FLUSH_INTERVAL_MAX_S = 10.0
+    cache.delete(pacing.CACHE_KEY)
+    client_settings = fast_settings(live_server.url)  # flush_interval 0.05 s of its own
+    run = runcast.init(project="live", id="paced-1", settings=client_settings)
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < 3.0:
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        step += 1
+        time.sleep(0.01)
+    assert run._sender.flush_interval == 2.0
+    run.finish()
+    cache.delete(pacing.CACHE_KEY)
+    assert stored("paced-1", "loss").tolist() == list(range(step))
+    # ~60 batches at its own 0.05 s; the first answer paces it, then about one per 2 s and the
+    # last at finish().
+    assert IngestBatch.objects.filter(run__public_id="paced-1").count() <= 5

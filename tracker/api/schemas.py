@@ -135,6 +135,9 @@ class TimingsIn(Schema):
 class BatchOut(Schema):
     accepted: int
     duplicate: bool
+    # Seconds the server asks between this run's batches (tracker/pacing.py); the client waits
+    # at least this long, never less than its own flush_interval.
+    flush_interval: float | None = None
 
 
 class FinishIn(Schema):

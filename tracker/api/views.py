@@ -9,7 +9,7 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from tracker import limits, selectors, services
+from tracker import limits, pacing, selectors, services
 from tracker.access import run_for_token
 from tracker.api.auth import TokenAuth, require_scope
 from tracker.api.parsing import (
@@ -97,7 +97,13 @@ def run_create(request: HttpRequest, payload: RunCreateIn) -> Status:
     return Status(201 if result.created else 200, _run_out(result.run))
 
 
-@router.post("/runs/{run_id}/batches", response={200: BatchOut, **ERRORS}, summary="Send points")
+# exclude_none: without pacing (tracker/pacing.py) the answer is what it always was.
+@router.post(
+    "/runs/{run_id}/batches",
+    response={200: BatchOut, **ERRORS},
+    summary="Send points",
+    exclude_none=True,
+)
 def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOut:
     """Metrics in columnar form, events and a heartbeat. A retried (session, seq) is a no-op."""
     token = require_scope(request, ApiToken.Scope.WRITE)
@@ -117,7 +123,11 @@ def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOu
         events=events_from_batch(payload, received=received),
         heartbeat=services.from_epoch(payload.heartbeat) if payload.heartbeat else None,
     )
-    return BatchOut(accepted=result.accepted, duplicate=result.duplicate)
+    return BatchOut(
+        accepted=result.accepted,
+        duplicate=result.duplicate,
+        flush_interval=pacing.flush_interval_hint(),
+    )
 
 
 @router.post(
