@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from forecasting.estimators import formatting
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.eta import Z90, EtaForecast
 from forecasting.estimators.jsonable import as_json
@@ -30,7 +31,7 @@ def on_time_tone(p_on_time: float) -> str:
 class DeadlineRisk:
     p_on_time: float
     deadline: float
-    speedup_for_p90: float | None  # 0.18 = needs 18% more throughput; 0 if already on target
+    speedup_for_p90: float | None  # 0.18 = needs +18% speed; 0 if already on target
     steps_cut_for_p90: float | None  # steps to drop from the plan; 0 if already on target
     explanation: str
 
@@ -59,18 +60,15 @@ def deadline_risk(eta: EtaForecast, deadline: float) -> DeadlineRisk:
     target = th.DEADLINE_TARGET_P
     remaining_steps = max(0.0, eta.total_steps - eta.current_step)
     if p >= target:
-        return DeadlineRisk(p, deadline, 0.0, 0.0, f"{p:.0%} likely on time")
+        return DeadlineRisk(p, deadline, 0.0, 0.0, formatting.on_time(p, 0.0, 0.0))
     # Downtime does not shrink with faster compute: only the compute part of the P90 scales.
     downtime_p90 = max(0.0, eta.wall_p90 - eta.compute_p90)
     compute_budget = budget - downtime_p90
     if compute_budget <= 0 or eta.compute_p90 <= 0:
-        text = f"{p:.0%} likely on time; expected downtime alone uses up the time left"
-        return DeadlineRisk(p, deadline, None, None, text)
+        return DeadlineRisk(p, deadline, None, None, formatting.on_time(p, None, None))
     scale = compute_budget / eta.compute_p90  # share of the P90 compute that fits
     speedup = 1.0 / scale - 1.0
     cut = remaining_steps * (1.0 - scale)
-    text = (
-        f"{p:.0%} likely on time; for 90% it needs {speedup:.0%} more throughput"
-        f" or {cut:,.0f} fewer steps"
-    )
+    # The words every reader sees for these figures (card, flag, message): one name, one rounding.
+    text = formatting.on_time(p, speedup, cut)
     return DeadlineRisk(p, deadline, float(speedup), float(cut), text)

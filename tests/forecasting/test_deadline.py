@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from forecasting.estimators import formatting
 from forecasting.estimators.deadline import deadline_risk
 from forecasting.estimators.eta import EtaForecast, forecast_eta
 
@@ -44,7 +45,12 @@ def test_at_the_median_needs_a_speedup() -> None:
     # The speedup is what brings the P90 compute inside the time left.
     budget = eta.finish_p50() - eta.now - (eta.wall_p90 - eta.compute_p90)
     assert eta.compute_p90 / (1 + risk.speedup_for_p90) == pytest.approx(budget, rel=1e-6)
-    assert "more throughput" in risk.explanation
+    # Stored in the forecast and the flag as every reader sees it: one name, rounded up.
+    assert risk.explanation == formatting.on_time(
+        risk.p_on_time, risk.speedup_for_p90, risk.steps_cut_for_p90
+    )
+    assert f"{formatting.speedup(risk.speedup_for_p90)} or " in risk.explanation
+    assert "throughput" not in risk.explanation
 
 
 def test_probability_rises_with_the_deadline() -> None:
