@@ -128,7 +128,8 @@ def runs_move(*, project: Project, run_ids: list[str], experiment_id: str) -> in
     """Move these MLflow runs to the MLflow experiment `experiment_id` (its public id) of the
     same project; returns how many were in another experiment. The run page's experiment chip
     follows; MLflow's get_run and runs/search then report the run in its new experiment (its
-    artifact URI names it too; the files stay under the run's own prefix).
+    artifact URI names it too; the files stay under the run's own prefix, and the URI taken
+    before the move still reaches them).
 
     Refused, changing nothing: an experiment not of this project (404, as a missing one), a
     deleted experiment (MLflow creates no run in one either), and a run the Runcast client

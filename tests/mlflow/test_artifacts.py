@@ -289,3 +289,28 @@ def test_the_run_page_lists_previews_and_downloads_files(
 
     client.force_login(outsider)
     assert client.get(f"{file_url}notes.txt?preview=1").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_moved_runs_files_answer_at_the_uri_taken_before_the_move(
+    client: Client, write_token: str, root: Path
+) -> None:
+    from tracker import bulk
+    from tracker.mlflow.models import Experiment
+    from tracker.models import Run
+
+    info = _run(client, write_token)
+    old_url = _url(info, "model.txt")
+    assert _put(client, old_url, b"weights", write_token).status_code == 200
+    run = Run.objects.get(public_id=info["run_id"])
+    target = Experiment.objects.create(project=run.project, public_id="7", name="moved-here")
+    assert bulk.runs_move(project=run.project, run_ids=[info["run_id"]], experiment_id="7") == 1
+    got = client.get(
+        "/api/2.0/mlflow/runs/get", {"run_id": info["run_id"]}, headers=_auth(write_token)
+    )
+    moved_uri = got.json()["run"]["info"]["artifact_uri"]
+    assert moved_uri == f"mlflow-artifacts:/{target.public_id}/{info['run_id']}/artifacts"
+    for url in (old_url, f"{BASE}/{target.public_id}/{info['run_id']}/artifacts/model.txt"):
+        download = client.get(url, headers=_auth(write_token))
+        assert download.status_code == 200, url
+        assert b"".join(download.streaming_content) == b"weights"  # type: ignore[attr-defined]

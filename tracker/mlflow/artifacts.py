@@ -66,9 +66,11 @@ def place_of(*, project: Project, path: str) -> Place:
         prefix = artifacts.model_prefix(project_id=project.pk, model_id=model.pk)
         return Place(prefix, "/".join(parts[4:]))
     if len(parts) >= 3 and parts[2] == ROOT:
+        # By the run alone: a run moved to another experiment (the runs explorer's bulk move)
+        # keeps its files, and the artifact URI a script took before the move must still work.
         link = (
             RunLink.objects.select_related("run")
-            .filter(run__project=project, run__public_id=parts[1], experiment__public_id=parts[0])
+            .filter(run__project=project, run__public_id=parts[1])
             .first()
         )
         if link is None:
