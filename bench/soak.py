@@ -316,7 +316,7 @@ def level(runs: int, minutes: float, per_process: int, data: Path) -> dict[str, 
         fresh = (
             sum(age <= FRESH_S for age in prober.ages) / len(prober.ages) if prober.ages else 0.0
         )
-        figures = {
+        figures: dict[str, Any] = {
             "runs": runs,
             "minutes": minutes,
             "measured_s": round(measured_s, 1),
