@@ -12,7 +12,8 @@ routed. Inside a scope the primary is still read
 
 * by a query inside a transaction (it may read what the transaction wrote);
 * once the request has written anything (db_for_write marks the scope), for the rest of it;
-* for sessions and users: a login's new session row must be found by the next page;
+* for sessions, users, API tokens and memberships (PRIMARY_ONLY_*): who may read is decided
+  on the primary, so a login or a revocation counts at once;
 * for STICKY_COOKIE's lifetime after a browser's own POST, so the page a form redirects to
   shows the change it made (a page read from the replica could show the state before it).
 
@@ -46,9 +47,18 @@ PRIMARY = "default"
 REPLICA = "replica"
 STICKY_COOKIE = "rc_primary"
 
-# Sessions and users are read by every page and are tiny; a just-created session or a just-changed
-# password read from a lagging replica would log the user out.
+# Who may read is decided on the primary: a session just created by a login, a password just
+# changed, a token or membership just revoked must count at once, not a replication lag later.
+# These are point lookups by key. Writing them (a token's last use, a session's messages) does
+# not send the request's other reads to the primary: nothing else reads what they hold.
 PRIMARY_ONLY_APPS = frozenset({"sessions", "auth", "contenttypes"})
+PRIMARY_ONLY_MODELS = frozenset({"tracker.apitoken", "tracker.membership"})
+
+
+def _primary_only(model: type[Model]) -> bool:
+    meta = model._meta
+    return meta.app_label in PRIMARY_ONLY_APPS or meta.label_lower in PRIMARY_ONLY_MODELS
+
 
 # Dashboard pages that only read and that cost the most queries: the board (and its poll), the
 # run page, its polled summary and chart data, compare, the runs explorer and its CSV, the
@@ -82,7 +92,9 @@ class _Scope:
     wrote: bool = False
 
 
-_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("replica_scope", default=None)
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
+    "replica_scope", default=None
+)
 
 
 class _Health:
@@ -131,7 +143,7 @@ class ReplicaRouter:
 
     def db_for_read(self, model: type[Model], **hints: Any) -> str:
         scope = _scope.get()
-        if scope is None or scope.wrote or model._meta.app_label in PRIMARY_ONLY_APPS:
+        if scope is None or scope.wrote or _primary_only(model):
             return PRIMARY
         if connections[PRIMARY].in_atomic_block:
             return PRIMARY
@@ -139,7 +151,7 @@ class ReplicaRouter:
 
     def db_for_write(self, model: type[Model], **hints: Any) -> str:
         scope = _scope.get()
-        if scope is not None:
+        if scope is not None and not _primary_only(model):
             scope.wrote = True
         return PRIMARY
 
