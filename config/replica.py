@@ -19,7 +19,8 @@ routed. Inside a scope the primary is still read
 
 A replica that refuses connections, or fails during a request, is left alone for
 RUNCAST_REPLICA_RETRY_S: the request is answered from the primary (a failed read-only view is run
-again there), so pages keep working with the replica gone and use it again once it is back.
+again there), so pages keep working with the replica gone and use it again once it is back. A
+query the replica cancels (a conflict with the WAL it replays) is read again from the primary.
 """
 
 from __future__ import annotations
@@ -186,13 +187,17 @@ def _replica_connects() -> bool:
     return True
 
 
-def _replica_failed() -> bool:
-    """Whether the replica's connection broke during the scope (it is then closed)."""
+def _replica_errored(exc: BaseException | None) -> bool:
+    """Whether a query on the replica failed in this request. A broken connection is closed and
+    the replica left alone for RUNCAST_REPLICA_RETRY_S; a query it cancelled (a conflict with
+    the WAL it replays) costs only this request's second reading, from the primary."""
     connection = connections[REPLICA]
-    if not connection.errors_occurred or connection.is_usable():
+    if not connection.errors_occurred:
         return False
-    with contextlib.suppress(*DATABASE_DOWN):
-        connection.close()
+    if not connection.is_usable():
+        with contextlib.suppress(*DATABASE_DOWN):
+            connection.close()
+        health.failed(exc)
     return True
 
 
@@ -230,13 +235,13 @@ class ReplicaReadMiddleware:
             with replica_reads() as scope:
                 response = view(request, *args, **kwargs)
         except DATABASE_DOWN as exc:
-            if scope.wrote or not _replica_failed():
+            # Read again from the primary: safe, these views only read (had this one written,
+            # the error could be the primary's and a second run would write twice).
+            if scope.wrote or not _replica_errored(exc):
                 raise
-            health.failed(exc)
             return view(request, *args, **kwargs)
         # /api/v1 turns a database error into a 503 answer itself: look at the connection.
-        if not scope.wrote and _replica_failed():
-            health.failed(None)
+        if not scope.wrote and _replica_errored(None):
             return view(request, *args, **kwargs)
         return response
 
