@@ -211,7 +211,9 @@ class ReplicaReadMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         response = self.get_response(request)
-        if request.method not in ("GET", "HEAD", "OPTIONS", "TRACE"):
+        # Token clients (ingest, MLflow) read no pages: their writes set no cookie.
+        writes = request.method not in ("GET", "HEAD", "OPTIONS", "TRACE")
+        if writes and "HTTP_AUTHORIZATION" not in request.META:
             response.set_cookie(
                 STICKY_COOKIE,
                 "1",

@@ -7,10 +7,19 @@ import pytest
 from django.conf import settings
 from django.contrib.sessions.models import Session
 from django.db import transaction
+from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import resolve
 
-from config.replica import PRIMARY, REPLICA, ReplicaRouter, replica_reads, routes
+from config.replica import (
+    PRIMARY,
+    REPLICA,
+    STICKY_COOKIE,
+    ReplicaReadMiddleware,
+    ReplicaRouter,
+    replica_reads,
+    routes,
+)
 from forecasting.models import Forecast
 from tracker.models import ApiToken, MetricChunk, Run
 
@@ -98,3 +107,23 @@ def test_it_routes_only_the_heavy_reads(
     request = RequestFactory().generic(method, path)
     request.COOKIES.update(cookies)
     assert routes(request, resolve(path)) is expected
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "sticky"),
+    [
+        ("POST", {}, True),  # a browser's form: its next pages read the primary
+        ("POST", {"HTTP_AUTHORIZATION": "Bearer rc_x_y"}, False),  # an ingest client
+        ("GET", {}, False),
+    ],
+)
+def test_it_keeps_a_browser_on_the_primary_after_its_own_write(
+    method: str, headers: dict[str, str], sticky: bool
+) -> None:
+    middleware = ReplicaReadMiddleware(lambda request: HttpResponse("ok"))
+    response = middleware(RequestFactory().generic(method, "/runs/p/r1/plan/", **headers))
+    assert (STICKY_COOKIE in response.cookies) is sticky
+    if sticky:
+        cookie = response.cookies[STICKY_COOKIE]
+        assert cookie["max-age"] == settings.RUNCAST_REPLICA_STICKY_S
+        assert cookie["httponly"]
