@@ -204,7 +204,8 @@ def _replica_errored(exc: BaseException | None) -> bool:
 class ReplicaReadMiddleware:
     """Runs READ_VIEWS and API GETs in a replica-read scope; keeps a browser on the primary for
     RUNCAST_REPLICA_STICKY_S after each of its writes. Last in MIDDLEWARE: it calls the view
-    itself, so every other middleware's process_view (CSRF, auth) has run before it."""
+    itself, so every other middleware's process_view (CSRF, auth) has run before it; a view it
+    calls skips process_exception hooks, of which none is installed."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response

@@ -82,7 +82,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     bin_dir = postgres_bin()
-    if bin_dir is None:
+    if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup) are not installed")
     primary = LocalPostgres(bin_dir).init()
     primary.start()
