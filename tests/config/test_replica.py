@@ -3,6 +3,11 @@ these run without one; tests/config/test_replica_live.py runs them against a rea
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.conf import settings
 from django.contrib.sessions.models import Session
@@ -127,3 +132,19 @@ def test_it_keeps_a_browser_on_the_primary_after_its_own_write(
         cookie = response.cookies[STICKY_COOKIE]
         assert cookie["max-age"] == settings.RUNCAST_REPLICA_STICKY_S
         assert cookie["httponly"]
+
+
+def test_it_refuses_a_replica_that_is_not_postgresql() -> None:
+    # A SQLite "replica" would be a second, empty database that pages read as if it were ours.
+    env = {**os.environ, "DATABASE_REPLICA_URL": "sqlite:////tmp/not-a-replica.sqlite3"}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.test"
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "DATABASE_REPLICA_URL must be a postgres:// URL" in done.stderr
