@@ -106,6 +106,24 @@ class LocalPostgres:
             time.sleep(0.05)
         return len(killed)
 
+    def standby(self) -> LocalPostgres:
+        """A streaming replica of this running cluster on a port of its own, not yet started:
+        `pg_basebackup -R` writes standby.signal and the primary's address into its folder.
+        initdb's trust rules already admit replication connections from 127.0.0.1."""
+        replica = LocalPostgres(self.bin)
+        self._run(
+            "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+            "-D", str(replica.data), "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
+        )  # fmt: skip
+        return replica
+
+    def sql(self, query: str, db: str = "postgres") -> str:
+        """One query through psql; its unaligned output."""
+        return self._run(
+            "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", db,
+            "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", query,
+        ).stdout.strip()  # fmt: skip
+
     def createdb(self, name: str) -> None:
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
 

@@ -71,19 +71,22 @@ def server_env(database_url: str, var_dir: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def web_server(env: Mapping[str, str]) -> Iterator[str]:
-    """`manage.py runserver` (threaded, no reloader) on a free port; yields its base URL."""
+def web_server(env: Mapping[str, str], *, gunicorn: bool = False) -> Iterator[str]:
+    """`manage.py runserver` (threaded, no reloader) on a free port; yields its base URL.
+
+    `gunicorn`: one gunicorn worker with one thread instead, as deployed: its requests reuse
+    one database connection per alias (runserver opens new ones for each request's thread)."""
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="runcast-web-"))
+    if gunicorn:
+        argv = [sys.executable, "-m", "gunicorn", "config.wsgi", "--bind", f"127.0.0.1:{port}"]
+        argv += ["--workers", "1", "--threads", "1", "--timeout", "60"]
+    else:
+        argv = [sys.executable, str(ROOT / "manage.py"), "runserver", "--noreload"]
+        argv += [f"127.0.0.1:{port}"]
     with open(folder / "web.log", "wb") as log:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "manage.py"),
-                "runserver",
-                "--noreload",
-                f"127.0.0.1:{port}",
-            ],
+            argv,
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=log,

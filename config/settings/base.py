@@ -118,6 +118,30 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         }
     )
 
+# A PostgreSQL streaming replica of DATABASE_URL (docs/deployment.md "Scaling to 10,000 active
+# runs"). When set, the dashboard's heavy read pages and /api/v1 GETs read it; writes, workers,
+# transactions and everything else use the primary (config/replica.py). Unset: nothing changes.
+DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
+# Seconds a browser reads the primary after each of its own writes (a POST), so the page a form
+# redirects to shows the change; longer than the replica's usual lag.
+RUNCAST_REPLICA_STICKY_S = env.int("RUNCAST_REPLICA_STICKY_S", default=10)
+# Seconds a process leaves a replica alone after it refused a connection or failed mid-request
+# (its reads go to the primary meanwhile); then it tries again.
+RUNCAST_REPLICA_RETRY_S = env.float("RUNCAST_REPLICA_RETRY_S", default=30.0)
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = env.db_url_config(DATABASE_REPLICA_URL)
+    if not DATABASES["replica"]["ENGINE"].endswith("postgresql"):
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL must be a postgres:// URL")
+    DATABASES["replica"].setdefault("CONN_MAX_AGE", DATABASES["default"]["CONN_MAX_AGE"])
+    # A replica host that does not answer costs a page 2 s once per RUNCAST_REPLICA_RETRY_S,
+    # not the kernel's connect timeout (minutes).
+    DATABASES["replica"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 2)
+    # Tests read and write one database: the replica alias is the default's under test.
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["config.replica.ReplicaRouter"]
+    # Last: it runs the view itself once every other process_view (CSRF, auth) has run.
+    MIDDLEWARE.append("config.replica.ReplicaReadMiddleware")
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- HTTP security (docs/deployment.md "Security") ------------------------------------------
