@@ -75,6 +75,10 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
         else:
             by_hash[digest] = Series(int(node), [int(node)], t, w)
     series = list(by_hash.values())
+    # Each node's meter has its own clock (Dell's are up to 17 s apart): line the series up
+    # with their peers before they are compared (clock.peer_offsets).
+    for s, offset in zip(series, ga.peer_offsets([(s.t, s.w) for s in series]), strict=True):
+        s.t = s.t + offset
     period = float(np.median(np.diff(series[0].t)))
     times = {str(e): float(t) for t, e in zip(events["time_s"], events["event"], strict=True)}
     return LoadedRun(
