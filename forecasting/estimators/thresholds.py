@@ -417,6 +417,9 @@ GPU_MIN_REL_SPREAD = 0.01
 # The later passes' level is a centred rolling median over this window: long, so a burst or
 # throttle covering less than half of it cannot become the reference.
 GPU_WINDOW_S = 900.0
+# Against peers, a series is compared as the median of the readings spanning this many
+# seconds (episodes._peer_departure): the same time base whatever the sampling period.
+GPU_SMOOTH_S = 3.0
 # Idle's level is a low quantile: the GPU's idle is its floor, and foreign work only adds to it.
 GPU_IDLE_QUANTILE = 0.2
 # The first seconds of training (compilation, autotuning, the data pipeline filling) and
