@@ -260,6 +260,11 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
                     set(ga.phase_labels(s.t, run.events.phases)[during(s, injection)])
                 ),
                 "seen": "" if hits else seen(found, injection),
+                "extra_at": [
+                    f"{e.kind} {e.start:.0f}-{e.end:.0f} s ({e.phase}, expected {e.expected:.0f}, "
+                    f"observed {e.observed:.0f})"
+                    for e in extra
+                ],
             }
         )
     return {
@@ -457,6 +462,11 @@ def print_misses(per_run: list[dict]) -> None:
     phases it covered, and what the detector saw there."""
     for r in per_run:
         for t in r["trials"]:
+            for e in t["extra_at"]:
+                print(
+                    f"extra alarm {r['benchmark']} {t['kind']}/{t['context']} node {t['series']} "
+                    f"(injected at {t['start']:.1f} s for {t['length']:.1f} s x{t['factor']:.2f}): {e}"
+                )
             if t["found"]:
                 continue
             print(
