@@ -114,6 +114,7 @@ def departures(
         "marks": marks,
         "setup": setup,
         "peers": use_peers,
+        "values": values,
     }
 
 
@@ -314,7 +315,10 @@ def _is_init_warmup(v: np.ndarray, d: dict[str, Any], a: int, b: int) -> bool:
         return False
     # Reaching the training draw, not merely under it (its readings ramp up to it): a +23%
     # burst on BERT's 2.5-kW init is far below its 7-kW training and is nobody's warm-up.
-    low, top = float(np.median(d["lo"][train])), float(np.median(d["hi"][train]))
+    # "The training draw": what the run's training readings hold (above their lowest tenth;
+    # 1-s readings dip 10-20% at single steps), up to the top of its band.
+    low = float(np.quantile(d["values"][train], 0.1))
+    top = float(np.median(d["hi"][train]))
     peak = float(v[seg][departing].max())
     return low <= peak <= top
 
