@@ -218,9 +218,7 @@ def seen(found: list[ga.Episode], injection: Injection) -> str:
     )
 
 
-def evaluate_run(
-    run: LoadedRun, rng: np.random.Generator, trials: int, system: str = ""
-) -> dict:
+def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: str = "") -> dict:
     peers = [peers_for(run, i) for i in range(len(run.series))]
     clean_alarms: list[tuple[int, ga.Episode]] = []
     hours = 0.0
@@ -522,7 +520,8 @@ def print_misses(per_run: list[dict]) -> None:
             for e in t["extra_at"]:
                 print(
                     f"extra alarm {r['benchmark']} {t['kind']}/{t['context']} node {t['series']} "
-                    f"(injected at {t['start']:.1f} s for {t['length']:.1f} s x{t['factor']:.2f}): {e}"
+                    f"(injected at {t['start']:.1f} s for {t['length']:.1f} s "
+                    f"x{t['factor']:.2f}): {e}"
                 )
             if t["found"]:
                 continue

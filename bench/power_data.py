@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import itertools
 import json
 import re
 import subprocess
@@ -126,7 +127,13 @@ def event_rows(events: list[Event], counts: dict[str, int], t0: int) -> list[lis
                     [f"{(e.time_ms - t0) / 1e3:.3f}", f"tracked_stats.{name}", str(value), detail]
                 )
             continue
-        value = "" if e.value is None else json.dumps(e.value) if isinstance(e.value, bool) else str(e.value)
+        value = (
+            ""
+            if e.value is None
+            else json.dumps(e.value)
+            if isinstance(e.value, bool)
+            else str(e.value)
+        )
         rows.append([f"{(e.time_ms - t0) / 1e3:.3f}", e.key, value, detail])
     return rows
 
@@ -145,7 +152,7 @@ class Meter:
 def read_meter(text: str, node: int) -> Meter:
     rows = mllog(text)
     readings = [(e.time_ms, float(e.value)) for _, e in rows if e.key == "power_reading"]  # type: ignore[arg-type]
-    backward = sum(1 for a, b in zip(readings, readings[1:], strict=False) if b[0] < a[0])
+    backward = sum(1 for a, b in itertools.pairwise(readings) if b[0] < a[0])
     unique = sorted(set(readings))
     kinds = {str(e.metadata.get("measurement_type", "")) for _, e in rows}
     effs = [float(e.value) for _, e in rows if e.key == "conversion_eff"]  # type: ignore[arg-type]
@@ -181,7 +188,9 @@ def convert_run(repo: Path, results: str, k: str, out: Path, meta: dict) -> dict
     run_dir = out / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     power = sorted(
-        ((int(t) - t0) / 1e3, m.node, w) for m in meters for t, w in zip(m.t_ms, m.watts, strict=True)
+        ((int(t) - t0) / 1e3, m.node, w)
+        for m in meters
+        for t, w in zip(m.t_ms, m.watts, strict=True)
     )
     with open(run_dir / "power.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -191,7 +200,9 @@ def convert_run(repo: Path, results: str, k: str, out: Path, meta: dict) -> dict
         writer = csv.writer(f)
         writer.writerow(["time_s", "event", "value", "detail"])
         writer.writerows(event_rows(events, counts, t0))
-    digests = Counter(hashlib.sha1(m.t_ms.tobytes() + m.watts.tobytes()).hexdigest() for m in meters)
+    digests = Counter(
+        hashlib.blake2b(m.t_ms.tobytes() + m.watts.tobytes()).hexdigest() for m in meters
+    )
     periods = np.concatenate([np.diff(m.t_ms) / 1e3 for m in meters])
     keys = Counter(e.key for e in events)
     return {
@@ -229,7 +240,8 @@ def convert_run(repo: Path, results: str, k: str, out: Path, meta: dict) -> dict
         "distinct_node_series": len(digests),
         "switch_power_median_w": "/".join(f"{w:g}" for w in switch_w),
         "conversion_eff": meters[0].conversion_eff if meters else "",
-        "job_log_sha1": hashlib.sha1(text.encode()).hexdigest()[:12],
+        # The shared set's column: a content id to match job logs by, not a safeguard.
+        "job_log_sha1": hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:12],
         "source_job_log": f"{results}/result_{k}.txt",
         "source_power_dir": f"{results}/power/result_{k}",
         "repo": meta["repo"],

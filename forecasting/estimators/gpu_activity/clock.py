@@ -45,7 +45,10 @@ def peer_offsets(
     lags = np.arange(-max_offset_s, max_offset_s + step / 2, step)
     for _ in range(rounds):
         stack = np.vstack(
-            [np.interp(grid, np.asarray(t, float) + o, v) for (t, v), o in zip(series, offsets, strict=True)]
+            [
+                np.interp(grid, np.asarray(t, float) + o, v)
+                for (t, v), o in zip(series, offsets, strict=True)
+            ]
         )
         for i, (t, v) in enumerate(series):
             # The median of the others, not of all: a series must not find itself.

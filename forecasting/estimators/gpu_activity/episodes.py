@@ -416,9 +416,7 @@ def _smoothing_readings(dt: float, settings: Settings) -> int:
 def _rolling_median(x: np.ndarray, n: int) -> np.ndarray:
     if n <= 1:
         return x
-    return np.asarray(
-        pd.Series(x).rolling(n, center=True, min_periods=1).median(), dtype=float
-    )
+    return np.asarray(pd.Series(x).rolling(n, center=True, min_periods=1).median(), dtype=float)
 
 
 def _smoothed_noise(x: np.ndarray, times: np.ndarray, dt: float, n: int) -> float:
