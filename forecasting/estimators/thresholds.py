@@ -447,8 +447,10 @@ GPU_HANG_BUSY_REL = 0.5
 # ... in at least this share of the readings since the last progress.
 GPU_HANG_BUSY_SHARE = 0.9
 # How far apart the clocks of a run's nodes may be (clock.peer_offsets' search): the meters of
-# Dell's 8xXE9680 are up to 17 s apart; the train/eval cycle of its Llama-2 runs is 36 s, so a
-# search past half of that could take the next eval for this one.
+# Dell's 8xXE9680 are up to 17 s apart. The reach is more than half its runs' 36-s train/eval
+# cycle, where a repeating pattern alone could match the next eval; the parts of a run that do
+# not repeat (its start, its longer first block) decide, and every offset found on those runs
+# matches the one fitted per node to the logged evals.
 GPU_CLOCK_MAX_OFFSET_S = 30.0
 # (GPU section: end)
 
