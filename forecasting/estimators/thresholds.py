@@ -450,7 +450,7 @@ GPU_HANG_BUSY_SHARE = 0.9
 # Dell's 8xXE9680 are up to 17 s apart. The reach is more than half its runs' 36-s train/eval
 # cycle, where a repeating pattern alone could match the next eval; the parts of a run that do
 # not repeat (its start, its longer first block) decide, and every offset found on those runs
-# matches the one fitted per node to the logged evals.
+# matches the one fitted per node to the logged evals, to within a reading.
 GPU_CLOCK_MAX_OFFSET_S = 30.0
 # (GPU section: end)
 
