@@ -1,7 +1,7 @@
 """Unexplained GPU activity on real MLPerf node power (../shared/data/power): does the run's own
 activity come out explained and injected foreign work unexplained?
 
-    python -m bench.gpu_activity [DIR] [--json] [--seed N] [--limit N] [--trials N] [--misses]
+    python -m bench.gpu_activity [DIR ...] [--json] [--seed N] [--limit N] [--trials N] [--misses]
 
 For every run: the distinct node series (identical twin files are one sensor, see the data
 README), phases and step timings from the job's own event log, and the run's other distinct
@@ -75,6 +75,10 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
         else:
             by_hash[digest] = Series(int(node), [int(node)], t, w)
     series = list(by_hash.values())
+    # Each node's meter has its own clock (Dell's are up to 17 s apart): line the series up
+    # with their peers before they are compared (clock.peer_offsets).
+    for s, offset in zip(series, ga.peer_offsets([(s.t, s.w) for s in series]), strict=True):
+        s.t = s.t + offset
     period = float(np.median(np.diff(series[0].t)))
     times = {str(e): float(t) for t, e in zip(events["time_s"], events["event"], strict=True)}
     return LoadedRun(
@@ -214,7 +218,7 @@ def seen(found: list[ga.Episode], injection: Injection) -> str:
     )
 
 
-def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
+def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: str = "") -> dict:
     peers = [peers_for(run, i) for i in range(len(run.series))]
     clean_alarms: list[tuple[int, ga.Episode]] = []
     hours = 0.0
@@ -256,10 +260,16 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
                     set(ga.phase_labels(s.t, run.events.phases)[during(s, injection)])
                 ),
                 "seen": "" if hits else seen(found, injection),
+                "extra_at": [
+                    f"{e.kind} {e.start:.0f}-{e.end:.0f} s ({e.phase}, expected {e.expected:.0f}, "
+                    f"observed {e.observed:.0f})"
+                    for e in extra
+                ],
             }
         )
     return {
         "run": run.run_id,
+        "system": system,
         "benchmark": run.benchmark,
         "series": len(run.series),
         "hours": hours,
@@ -272,6 +282,36 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int) -> dict:
 
 
 def summarise(per_run: list[dict], attribution: dict) -> dict:
+    summary = score(per_run)
+    # Per system (submitter, system, measurement point): a method that generalises holds on
+    # each, not only on the pool the largest system dominates.
+    systems = sorted({r["system"] for r in per_run})
+    summary["per_system"] = {
+        name: {
+            k: v
+            for k, v in score([r for r in per_run if r["system"] == name]).items()
+            if k in PER_SYSTEM_KEYS
+        }
+        for name in systems
+    }
+    return {**summary, **attribution}
+
+
+PER_SYSTEM_KEYS = (
+    "gpu_unexplained_f1",
+    "gpu_unexplained_precision",
+    "gpu_unexplained_recall",
+    "gpu_recall_burst_train",
+    "gpu_false_alarms_per_node_hour",
+    "gpu_false_alarms_in_trials",
+    "gpu_delay_s_median",
+    "node_hours_distinct",
+    "injections",
+    "runs",
+)
+
+
+def score(per_run: list[dict]) -> dict:
     trials = [t for r in per_run for t in r["trials"]]
     hours = sum(r["hours"] for r in per_run)
     false_alarms = sum(len(r["clean_alarms"]) for r in per_run) + sum(t["extra"] for t in trials)
@@ -312,6 +352,7 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
         "gpu_unexplained_recall": round(recall, 4),
         "gpu_unexplained_recall_by_size": by_size,
         "gpu_unexplained_recall_by_context": by_context,
+        "gpu_recall_burst_train": by_context["burst/train"],
         "gpu_false_alarms_per_node_hour": round(
             sum(len(r["clean_alarms"]) for r in per_run) / clean_hours, 5
         )
@@ -325,7 +366,6 @@ def summarise(per_run: list[dict], attribution: dict) -> dict:
         "node_hours_distinct": round(hours, 2),
         "injections": len(trials),
         "runs": len(per_run),
-        **attribution,
     }
 
 
@@ -389,7 +429,9 @@ def attribution_check(rng: np.random.Generator, hosts: int = 20) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
+    parser.add_argument(
+        "dir", nargs="*", type=Path, default=[DEFAULT_DIR], help="data sets, scored in turn"
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None, help="first N runs only")
@@ -401,15 +443,16 @@ def main(argv: list[str] | None = None) -> int:
         "--agent-hosts", type=int, default=40, help="hosts for the agent-trace section (0: skip)"
     )
     args = parser.parse_args(argv)
-    index = pd.read_csv(args.dir / "INDEX.csv", keep_default_na=False)
-    if args.limit:
-        index = index.head(args.limit)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     per_run = []
-    for row in index.itertuples(index=False):
-        run = load_run(args.dir / str(row.dir), str(row.run_id), str(row.benchmark))
-        per_run.append(evaluate_run(run, rng, args.trials))
+    for data in args.dir:
+        index = pd.read_csv(data / "INDEX.csv", keep_default_na=False)
+        if args.limit:
+            index = index.head(args.limit)
+        for row in index.itertuples(index=False):
+            run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark))
+            per_run.append(evaluate_run(run, rng, args.trials, system_name(row)))
     summary = summarise(per_run, attribution_check(rng))
     if args.agent_hosts:
         # Its own generator: the section's hosts do not depend on --limit or --trials.
@@ -422,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         print_misses(per_run)
     print(json.dumps(summary))
     return 0
+
+
+def system_name(row: object) -> str:
+    """Submitter, system and measurement point of an INDEX.csv row."""
+    parts = [str(getattr(row, k, "")) for k in ("submitter", "system", "measurement")]
+    return " ".join(p for p in parts if p)
 
 
 def print_table(per_run: list[dict], summary: dict) -> None:
@@ -444,8 +493,23 @@ def print_table(per_run: list[dict], summary: dict) -> None:
                 f"{a['start']:.0f}-{a['end']:.0f} s ({a['phase']})"
             )
     print()
+    head = (
+        f"{'system':<58} {'runs':>4} {'hours':>6} {'F1':>6} {'recall':>6} {'train':>6} "
+        f"{'FA/h':>6} {'trialFA':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for name, m in summary["per_system"].items():
+        print(
+            f"{name[:58]:<58} {m['runs']:>4} {m['node_hours_distinct']:>6.2f} "
+            f"{m['gpu_unexplained_f1']:>6.3f} {m['gpu_unexplained_recall']:>6.3f} "
+            f"{m['gpu_recall_burst_train'] or 0:>6.3f} {m['gpu_false_alarms_per_node_hour']:>6.2f} "
+            f"{m['gpu_false_alarms_in_trials']:>7}"
+        )
+    print()
     for key, value in summary.items():
-        print(f"{key:<36} {value}")
+        if key != "per_system":
+            print(f"{key:<36} {value}")
 
 
 def print_misses(per_run: list[dict]) -> None:
@@ -453,6 +517,12 @@ def print_misses(per_run: list[dict]) -> None:
     phases it covered, and what the detector saw there."""
     for r in per_run:
         for t in r["trials"]:
+            for e in t["extra_at"]:
+                print(
+                    f"extra alarm {r['benchmark']} {t['kind']}/{t['context']} node {t['series']} "
+                    f"(injected at {t['start']:.1f} s for {t['length']:.1f} s "
+                    f"x{t['factor']:.2f}): {e}"
+                )
             if t["found"]:
                 continue
             print(

@@ -417,6 +417,9 @@ GPU_MIN_REL_SPREAD = 0.01
 # The later passes' level is a centred rolling median over this window: long, so a burst or
 # throttle covering less than half of it cannot become the reference.
 GPU_WINDOW_S = 900.0
+# Against peers, a series is compared as the median of the readings spanning this many
+# seconds (episodes._peer_departure): the same time base whatever the sampling period.
+GPU_SMOOTH_S = 3.0
 # Idle's level is a low quantile: the GPU's idle is its floor, and foreign work only adds to it.
 GPU_IDLE_QUANTILE = 0.2
 # The first seconds of training (compilation, autotuning, the data pipeline filling) and
@@ -443,6 +446,12 @@ GPU_HANG_MIN_S = 300.0
 GPU_HANG_BUSY_REL = 0.5
 # ... in at least this share of the readings since the last progress.
 GPU_HANG_BUSY_SHARE = 0.9
+# How far apart the clocks of a run's nodes may be (clock.peer_offsets' search): the meters of
+# Dell's 8xXE9680 are up to 17 s apart. The reach is more than half its runs' 36-s train/eval
+# cycle, where a repeating pattern alone could match the next eval; the parts of a run that do
+# not repeat (its start, its longer first block) decide, and every offset found on those runs
+# matches the one fitted per node to the logged evals, to within a reading.
+GPU_CLOCK_MAX_OFFSET_S = 30.0
 # (GPU section: end)
 
 # --- When the forecasting service raises and updates flags (forecasting/services.py)

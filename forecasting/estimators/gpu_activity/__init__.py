@@ -15,6 +15,7 @@ as one module: it pulls in pandas).
 
 from __future__ import annotations
 
+from forecasting.estimators.gpu_activity.clock import peer_offsets
 from forecasting.estimators.gpu_activity.episodes import find_episodes
 from forecasting.estimators.gpu_activity.hang import find_hang
 from forecasting.estimators.gpu_activity.levels import phase_labels, step_change_marks
@@ -28,6 +29,7 @@ __all__ = [
     "Settings",
     "find_episodes",
     "find_hang",
+    "peer_offsets",
     "phase_labels",
     "step_change_marks",
 ]

@@ -60,6 +60,7 @@ class Settings:
     rel: float = th.GPU_REL
     min_rel_spread: float = th.GPU_MIN_REL_SPREAD
     window_s: float = th.GPU_WINDOW_S
+    smooth_s: float = th.GPU_SMOOTH_S
     idle_quantile: float = th.GPU_IDLE_QUANTILE
     warmup_s: float = th.GPU_WARMUP_S
     passes: int = th.GPU_PASSES
