@@ -112,3 +112,24 @@ def _zone(name: str):  # type: ignore[no-untyped-def]
     from zoneinfo import ZoneInfo
 
     return ZoneInfo(name)
+
+
+class MirrorForm(forms.Form):
+    url = forms.CharField(
+        max_length=500,
+        label="MLflow server",
+        widget=forms.TextInput(attrs={"placeholder": "https://mlflow.example.com"}),
+    )
+    experiment_name = forms.CharField(
+        max_length=500, required=False, label="Experiment", help_text="Blank: every experiment."
+    )
+    # Never rendered back: a blank field keeps the stored token.
+    token = forms.CharField(
+        max_length=1000,
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text="Sent as Authorization: Bearer. Blank keeps the one stored.",
+    )
+    clear_token = forms.BooleanField(required=False, label="Remove the stored token")
+    enabled = forms.BooleanField(required=False, initial=True)

@@ -94,9 +94,6 @@ def mirror_configure(
     url = url.strip()
     if len(url) > 500:
         raise MirrorConfigError("at most 500 characters", field="url")
-    problem = _url_problem(url, private_ok=operator)
-    if problem:
-        raise MirrorConfigError(problem, field="url")
     if token is not None and len(token) > 1000:
         raise MirrorConfigError("at most 1,000 characters", field="token")
     if token is not None and any(c in token for c in "\r\n"):
@@ -106,12 +103,17 @@ def mirror_configure(
         if mirror is None:
             mirror = Mirror(project=project)
         changed_url = mirror.url != url
+        # An owner may change the token or the experiment of a mirror an operator pointed at a
+        # private address; changing the address itself is the operator's choice again.
+        private_ok = operator or (mirror.private_ok and not changed_url)
+        problem = _url_problem(url, private_ok=private_ok)
+        if problem:
+            raise MirrorConfigError(problem, field="url")
         mirror.url = url
+        mirror.private_ok = private_ok
         mirror.experiment_name = experiment_name.strip()[:500]
         if token is not None:
             mirror.token = token.strip()
-        if changed_url or operator:
-            mirror.private_ok = operator
         mirror.enabled = enabled
         if changed_url:
             mirror.last_error = ""
