@@ -233,5 +233,6 @@ def test_the_client_sends_the_token_in_a_header_only(mlflow_json: str) -> None:
     assert all(TOKEN not in s["path"] for s in _Handler.seen)
     assert TOKEN not in repr(client)
     _Handler.body = b"<html>proxy error</html>"
-    with pytest.raises(RemoteError, match=f"MLflow server {mlflow_json}: .*other than MLflow's JSON"):
+    not_json = f"MLflow server {mlflow_json}: .*other than MLflow's JSON"
+    with pytest.raises(RemoteError, match=not_json):
         client.search_experiments()
