@@ -362,3 +362,24 @@ def test_a_claimed_mirror_is_not_synced_twice(
     Mirror.objects.filter(pk=mirror.pk).update(enabled=False)
     assert mirror_module.mirror_claim(mirror_id=mirror.pk) is None
     assert mirror_module.mirror_ids_enabled() == []
+
+
+@pytest.mark.eager
+def test_the_beat_task_syncs_every_enabled_mirror_and_a_second_run_copies_nothing(
+    source: Any, ml_project: Project, mlflow_server: str
+) -> None:
+    from config.celery import beat_schedule
+    from tracker.mlflow import tasks
+
+    exp_id = source.create_experiment("beat")
+    mirror = _mirror(ml_project, mlflow_server, "beat")
+    run_id = source.create_run(exp_id).info.run_id
+    _log(source, run_id, "loss", range(50))
+    tasks.mirrors_sync.delay()
+    tasks.mirrors_sync.delay()
+    mirror.refresh_from_db()
+    assert _stored(run_id, "loss").steps.size == 50
+    assert (mirror.syncs, mirror.points_copied, mirror.runs_created) == (2, 50, 1)
+    entry = beat_schedule(sweep_period_s=60.0)["sync-mlflow-mirrors"]
+    assert entry["task"] == "tracker.mlflow.tasks.mirrors_sync"
+    assert entry["options"]["expires"] < entry["schedule"] <= 15.0
