@@ -236,3 +236,15 @@ def test_the_client_sends_the_token_in_a_header_only(mlflow_json: str) -> None:
     not_json = f"MLflow server {mlflow_json}: .*other than MLflow's JSON"
     with pytest.raises(RemoteError, match=not_json):
         client.search_experiments()
+
+
+def test_an_answer_not_shaped_as_mlflows_is_a_remote_error(
+    mlflow_json: str, ml_project: Project
+) -> None:
+    _Handler.body = json.dumps({"experiments": [{"name": "no id"}]}).encode()
+    with pytest.raises(RemoteError, match="experiments/search answered JSON not shaped"):
+        RemoteMlflow(mlflow_json, private_ok=True).search_experiments()
+    mirror = mirror_module.mirror_configure(project=ml_project, url=mlflow_json, operator=True)
+    assert mirror_module.mirror_sync_one(mirror_id=mirror.pk) is None
+    mirror.refresh_from_db()
+    assert "not shaped as MLflow's" in mirror.last_error and mirror.lease_until is None

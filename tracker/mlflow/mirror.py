@@ -184,10 +184,16 @@ def mirror_sync_one(
     started = timezone.now()
     try:
         summary = mirror_sync(mirror=mirror, client=client, budget_s=budget_s)
-    except (RemoteError, MlflowError) as e:
-        message = f"{e.message}"[:ERROR_CHARS]
-        # The message names the server, never the token (RemoteError's contract).
-        logger.warning("MLflow mirror of project %s failed: %s", mirror.project.slug, message)
+    except Exception as e:
+        if isinstance(e, RemoteError | MlflowError):
+            message = e.message[:ERROR_CHARS]
+            # The message names the server, never the token (RemoteError's contract).
+            logger.warning("MLflow mirror of project %s failed: %s", mirror.project.slug, message)
+        else:
+            # A fault of ours (or of the database): its traceback for the operator, the page
+            # gets its kind; the next tick tries again like after an outage.
+            message = f"unexpected error in the sync ({type(e).__name__}); see the worker's log"
+            logger.exception("MLflow mirror of project %s failed", mirror.project.slug)
         Mirror.objects.filter(pk=mirror.pk).update(
             last_sync_at=started,
             last_error=message,

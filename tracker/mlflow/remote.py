@@ -119,6 +119,13 @@ def _run(raw: dict[str, Any]) -> RemoteRun:
     )
 
 
+def _shape_error(url: str, endpoint: str, e: Exception) -> RemoteError:
+    return RemoteError(
+        f"MLflow server {url}: {endpoint} answered JSON not shaped as MLflow's "
+        f"({type(e).__name__}: {str(e)[:80]})"
+    )
+
+
 class RemoteMlflow:
     """`search_experiments`, `search_runs` and `get_metric_history` as MlflowClient answers them
     (what tracker.mlflow.importer calls), and `metric_history_page` for the mirror's cursors."""
@@ -193,14 +200,17 @@ class RemoteMlflow:
                 "view_type": "ACTIVE_ONLY",
             },
         )
-        experiments = [
-            RemoteExperiment(
-                experiment_id=str(e["experiment_id"]),
-                name=str(e["name"]),
-                tags=_pairs(e.get("tags")),
-            )
-            for e in answer.get("experiments") or []
-        ]
+        try:
+            experiments = [
+                RemoteExperiment(
+                    experiment_id=str(e["experiment_id"]),
+                    name=str(e["name"]),
+                    tags=_pairs(e.get("tags")),
+                )
+                for e in answer.get("experiments") or []
+            ]
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise _shape_error(self.url, "experiments/search", e) from e
         return Page(experiments, answer.get("next_page_token") or None)
 
     def search_runs(
@@ -221,9 +231,11 @@ class RemoteMlflow:
                 "run_view_type": "ACTIVE_ONLY",
             },
         )
-        return Page(
-            [_run(r) for r in answer.get("runs") or []], answer.get("next_page_token") or None
-        )
+        try:
+            runs = [_run(r) for r in answer.get("runs") or []]
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise _shape_error(self.url, "runs/search", e) from e
+        return Page(runs, answer.get("next_page_token") or None)
 
     def metric_history_page(
         self, run_id: str, key: str, *, page_token: str | None, max_results: int
@@ -239,7 +251,10 @@ class RemoteMlflow:
                 "page_token": page_token,
             },
         )
-        points = [_metric(m) for m in answer.get("metrics") or []]
+        try:
+            points = [_metric(m) for m in answer.get("metrics") or []]
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise _shape_error(self.url, "metrics/get-history", e) from e
         return Page(points, answer.get("next_page_token") or None)
 
     def get_metric_history(self, run_id: str, key: str) -> list[RemoteMetric]:
