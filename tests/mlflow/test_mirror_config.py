@@ -248,3 +248,22 @@ def test_an_answer_not_shaped_as_mlflows_is_a_remote_error(
     assert mirror_module.mirror_sync_one(mirror_id=mirror.pk) is None
     mirror.refresh_from_db()
     assert "not shaped as MLflow's" in mirror.last_error and mirror.lease_until is None
+
+
+def test_the_page_shows_the_last_error_and_the_counters(
+    users: dict[str, User], ml_project: Project
+) -> None:
+    mirror = mirror_module.mirror_configure(
+        project=ml_project, url="http://mlflow:5000", operator=True
+    )
+    Mirror.objects.filter(pk=mirror.pk).update(
+        last_error="MLflow server http://mlflow:5000: connection failed: refused",
+        syncs=7,
+        failures=2,
+        runs_created=3,
+        points_copied=1234,
+    )
+    text = _client(users["viewer"]).get(reverse("dashboard:settings", args=["ml"])).content
+    page = text.decode()
+    assert 'id="mirror-error"' in page and "connection failed: refused" in page
+    assert "3 runs, 1234 points in 7 syncs (2 failed)" in page

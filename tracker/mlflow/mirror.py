@@ -182,8 +182,10 @@ def mirror_sync_one(
     if mirror is None:
         return None
     started = timezone.now()
+    # Filled as the sync goes, so what a failed sync copied before failing is counted too.
+    summary = SyncSummary()
     try:
-        summary = mirror_sync(mirror=mirror, client=client, budget_s=budget_s)
+        mirror_sync(mirror=mirror, client=client, budget_s=budget_s, summary=summary)
     except Exception as e:
         if isinstance(e, RemoteError | MlflowError):
             message = e.message[:ERROR_CHARS]
@@ -200,6 +202,8 @@ def mirror_sync_one(
             last_error_at=started,
             syncs=F("syncs") + 1,
             failures=F("failures") + 1,
+            runs_created=F("runs_created") + summary.runs_created,
+            points_copied=F("points_copied") + summary.points_copied,
             lease_until=None,
         )
         return None
@@ -227,7 +231,11 @@ def _full_pass_due(mirror: Mirror, now: Any) -> bool:
 
 
 def mirror_sync(
-    *, mirror: Mirror, client: Any = None, budget_s: float = SYNC_BUDGET_S
+    *,
+    mirror: Mirror,
+    client: Any = None,
+    budget_s: float = SYNC_BUDGET_S,
+    summary: SyncSummary | None = None,
 ) -> SyncSummary:
     """One sync of the mirror's server into its project. Raises RemoteError (the server could
     not be read) or MlflowError (an experiment named in the mirror is not there)."""
@@ -235,7 +243,7 @@ def mirror_sync(
     deadline = started + budget_s
     client = client or RemoteMlflow(mirror.url, token=mirror.token, private_ok=mirror.private_ok)
     project = mirror.project
-    summary = SyncSummary()
+    summary = summary if summary is not None else SyncSummary()
     names = [mirror.experiment_name] if mirror.experiment_name else None
     queries = _run_queries(mirror)
     for source in importer._experiments(client, names):
@@ -249,7 +257,8 @@ def mirror_sync(
                 seen.add(run.info.run_id)
                 if time.monotonic() > deadline:
                     summary.complete = False
-                    break
+                    summary.seconds = time.monotonic() - started
+                    return summary
                 summary.runs_seen += 1
                 if not _run_sync(
                     client=client,
