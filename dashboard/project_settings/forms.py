@@ -123,12 +123,14 @@ class MirrorForm(forms.Form):
     experiment_name = forms.CharField(
         max_length=500, required=False, label="Experiment", help_text="Blank: every experiment."
     )
-    # Never rendered back: a blank field keeps the stored token.
+    # Never rendered back: a blank field keeps the stored token. "new-password": browsers ignore
+    # "off" on a password field and would fill in the user's Runcast password, which a save
+    # would then send to the MLflow server.
     token = forms.CharField(
         max_length=1000,
         required=False,
         strip=True,
-        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text="Sent as Authorization: Bearer. Blank keeps the one stored.",
     )
     clear_token = forms.BooleanField(required=False, label="Remove the stored token")

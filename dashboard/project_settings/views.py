@@ -17,6 +17,7 @@ from tracker.access import can_create_projects, membership_for
 from tracker.demo import is_demo
 from tracker.mlflow import mirror as mirror_services
 from tracker.mlflow import selectors as mirror_selectors
+from tracker.mlflow.models import Mirror
 from tracker.models import Deadline, Membership, Project
 from tracker.project_settings import selectors as sel
 from tracker.project_settings import services as svc
@@ -29,6 +30,7 @@ def render_settings(
     """The settings page, with what a handler adds (a bound form with its errors, a secret shown
     once); the team pages render it too."""
     project = membership.project
+    mirror = mirror_selectors.mirror_for(project=project)
     context: dict[str, Any] = {
         "project": project,
         "membership": membership,
@@ -44,8 +46,8 @@ def render_settings(
         ),
         "member_form": forms.MemberAddForm(),
         "token_form": forms.TokenForm(),
-        "mirror": mirror_selectors.mirror_for(project=project),
-        "mirror_form": forms.MirrorForm(initial=_mirror_initial(project)),
+        "mirror": mirror,
+        "mirror_form": forms.MirrorForm(initial=_mirror_initial(mirror)),
         **_team_context(request, membership),
         **extra,
     }
@@ -66,8 +68,7 @@ def _team_context(request: HttpRequest, membership: Membership) -> dict[str, Any
     }
 
 
-def _mirror_initial(project: Project) -> dict[str, Any]:
-    mirror = mirror_selectors.mirror_for(project=project)
+def _mirror_initial(mirror: Mirror | None) -> dict[str, Any]:
     if mirror is None:
         return {"enabled": True}
     return {"url": mirror.url, "experiment_name": mirror.experiment_name, "enabled": mirror.enabled}

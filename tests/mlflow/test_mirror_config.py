@@ -72,6 +72,9 @@ def test_an_owner_sets_up_a_mirror_and_the_token_is_never_shown_back(
         assert page.status_code == 200 and "mlflow.example.com" in text
         assert TOKEN not in text and TOKEN[:8] not in text
         assert "…9876" in text
+    # A browser must not fill in the owner's own password as the MLflow token.
+    owner_page = _client(users["owner"]).get(reverse("dashboard:settings", args=["ml"]))
+    assert 'name="token" autocomplete="new-password"' in owner_page.content.decode()
     # A blank token field keeps the token; the checkbox removes it.
     assert _post(users["owner"], url="https://mlflow.example.com/").status_code == 302
     assert Mirror.objects.get(pk=mirror.pk).token == TOKEN
