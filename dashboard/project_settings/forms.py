@@ -133,5 +133,10 @@ class MirrorForm(forms.Form):
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text="Sent as Authorization: Bearer. Blank keeps the one stored.",
     )
+    username = forms.CharField(
+        max_length=150,
+        required=False,
+        help_text="For MLflow's basic auth: the token is then its password. Blank: a bearer token.",
+    )
     clear_token = forms.BooleanField(required=False, label="Remove the stored token")
     enabled = forms.BooleanField(required=False, initial=True)

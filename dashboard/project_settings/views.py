@@ -71,7 +71,12 @@ def _team_context(request: HttpRequest, membership: Membership) -> dict[str, Any
 def _mirror_initial(mirror: Mirror | None) -> dict[str, Any]:
     if mirror is None:
         return {"enabled": True}
-    return {"url": mirror.url, "experiment_name": mirror.experiment_name, "enabled": mirror.enabled}
+    return {
+        "url": mirror.url,
+        "experiment_name": mirror.experiment_name,
+        "username": mirror.username,
+        "enabled": mirror.enabled,
+    }
 
 
 def _project_initial(project: Project) -> dict[str, Any]:
@@ -123,6 +128,7 @@ def settings_mirror(request: HttpRequest, project: str) -> HttpResponse:
                 url=d["url"],
                 experiment_name=d["experiment_name"],
                 token="" if d["clear_token"] else (d["token"] or None),
+                username=d["username"],
                 enabled=d["enabled"],
                 # A Runcast administrator may point a mirror at a private address; an owner
                 # who is not one gets the outbound seam's public-address rule.

@@ -161,7 +161,9 @@ def test_the_command_sets_up_changes_and_pauses_a_mirror(ml_project: Project) ->
     assert not mirror.enabled and mirror.url == "http://mlflow:5000" and mirror.token == TOKEN
     shown = _command("--project", "ml")
     assert "not synced yet" in shown and TOKEN not in shown
-    _command("--project", "ml", "--enable", "--clear-token", "--experiment", "")
+    assert "(basic auth as alice)" in _command("--project", "ml", "--username", "alice")
+    assert Mirror.objects.get(pk=mirror.pk).username == "alice"
+    _command("--project", "ml", "--enable", "--clear-token", "--experiment", "", "--username", "")
     mirror.refresh_from_db()
     assert mirror.enabled and mirror.token == "" and mirror.experiment_name == ""
     with pytest.raises(CommandError, match="no Runcast project"):
@@ -235,6 +237,9 @@ def test_the_client_sends_the_token_in_a_header_only(mlflow_json: str) -> None:
     assert all(s["auth"] == f"Bearer {TOKEN}" for s in _Handler.seen)
     assert all(TOKEN not in s["path"] for s in _Handler.seen)
     assert TOKEN not in repr(client)
+    basic = RemoteMlflow(mlflow_json, token="pw", username="alice", private_ok=True)
+    basic.search_experiments()
+    assert _Handler.seen[-1]["auth"] == "Basic YWxpY2U6cHc="  # alice:pw
     _Handler.body = b"<html>proxy error</html>"
     not_json = f"MLflow server {mlflow_json}: .*other than MLflow's JSON"
     with pytest.raises(RemoteError, match=not_json):

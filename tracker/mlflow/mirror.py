@@ -85,10 +85,12 @@ def mirror_configure(
     url: str,
     experiment_name: str = "",
     token: str | None = None,
+    username: str | None = None,
     enabled: bool = True,
     operator: bool = False,
 ) -> Mirror:
-    """Create or change a project's mirror. `token`: None keeps the stored one, "" clears it.
+    """Create or change a project's mirror. `token`: None keeps the stored one, "" clears it;
+    with a `username` (None keeps it) it is the password of HTTP basic auth.
     `operator`: the URL was chosen by the server's operator (a Django staff user, the management
     command), so it may be a private address; a URL changed by anyone else loses that."""
     url = url.strip()
@@ -96,6 +98,8 @@ def mirror_configure(
         raise MirrorConfigError("at most 500 characters", field="url")
     if token is not None and len(token) > 1000:
         raise MirrorConfigError("at most 1,000 characters", field="token")
+    if username is not None and (":" in username or any(c in username for c in "\r\n")):
+        raise MirrorConfigError("one line, without a colon", field="username")
     if token is not None and any(c in token for c in "\r\n"):
         raise MirrorConfigError("one line", field="token")
     with transaction.atomic():
@@ -114,6 +118,8 @@ def mirror_configure(
         mirror.experiment_name = experiment_name.strip()[:500]
         if token is not None:
             mirror.token = token.strip()
+        if username is not None:
+            mirror.username = username.strip()[:150]
         mirror.enabled = enabled
         if changed_url:
             mirror.last_error = ""
@@ -241,7 +247,9 @@ def mirror_sync(
     not be read) or MlflowError (an experiment named in the mirror is not there)."""
     started = time.monotonic()
     deadline = started + budget_s
-    client = client or RemoteMlflow(mirror.url, token=mirror.token, private_ok=mirror.private_ok)
+    client = client or RemoteMlflow(
+        mirror.url, token=mirror.token, username=mirror.username, private_ok=mirror.private_ok
+    )
     project = mirror.project
     summary = summary if summary is not None else SyncSummary()
     names = [mirror.experiment_name] if mirror.experiment_name else None

@@ -131,9 +131,11 @@ class Mirror(models.Model):
     url = models.CharField(max_length=500)
     # One experiment's name, or blank for every experiment on the server.
     experiment_name = models.CharField(max_length=500, blank=True)
-    # Sent as `Authorization: Bearer` (MLFLOW_TRACKING_TOKEN's form). Never rendered back whole,
-    # never logged, never in a URL; readable (not hashed) because it is sent.
+    # Sent as `Authorization: Bearer` (MLFLOW_TRACKING_TOKEN's form), or with `username` as
+    # HTTP basic auth (MLflow's basic-auth app: MLFLOW_TRACKING_USERNAME / _PASSWORD). Never
+    # rendered back whole, never logged, never in a URL; readable (not hashed) because it is sent.
     token = models.CharField(max_length=1000, blank=True)
+    username = models.CharField(max_length=150, blank=True)
     enabled = models.BooleanField(default=True)
     # The address check of the outbound seam is skipped: set only when an operator chose the URL
     # (a Django staff user, or the management command), cleared when anyone else changes it.

@@ -7,6 +7,7 @@ the server. Errors are `RemoteError`s whose message names the server and never t
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,10 +132,21 @@ class RemoteMlflow:
     (what tracker.mlflow.importer calls), and `metric_history_page` for the mirror's cursors."""
 
     def __init__(
-        self, url: str, *, token: str = "", private_ok: bool = False, timeout: float = TIMEOUT_S
+        self,
+        url: str,
+        *,
+        token: str = "",
+        username: str = "",
+        private_ok: bool = False,
+        timeout: float = TIMEOUT_S,
     ) -> None:
         self.url = url.strip().rstrip("/")
-        self._token = token
+        self._auth = ""
+        if username:
+            pair = base64.b64encode(f"{username}:{token}".encode()).decode()
+            self._auth = f"Basic {pair}"
+        elif token:
+            self._auth = f"Bearer {token}"
         self.private_ok = private_ok
         self.timeout = timeout
 
@@ -152,7 +164,7 @@ class RemoteMlflow:
         url = f"{self.url}{API}/{endpoint}"
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v not in (None, "")})
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        headers = {"Authorization": self._auth} if self._auth else {}
         try:
             answer = outbound.request_json(
                 method,

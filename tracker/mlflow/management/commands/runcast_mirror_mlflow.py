@@ -1,6 +1,6 @@
 """`manage.py runcast_mirror_mlflow --project SLUG [--url URL] [--experiment NAME]
-[--token-stdin | --clear-token] [--disable | --enable] [--sync]`: set up, change or pause a
-project's live mirror of an MLflow server (tracker.mlflow.mirror), or show it.
+[--username USER] [--token-stdin | --clear-token] [--disable | --enable] [--sync]`: set up,
+change or pause a project's live mirror of an MLflow server (tracker.mlflow.mirror), or show it.
 
 The token is read from standard input (`--token-stdin`), never from an argument, which other
 users of the machine could read in the process list. The command is the operator's: the URL may
@@ -23,6 +23,8 @@ from tracker.models import Project
 def describe(mirror: Mirror) -> str:
     state = "enabled" if mirror.enabled else "paused"
     token = mirror.token_hint or "none"
+    if mirror.token and mirror.username:
+        token += f" (basic auth as {mirror.username})"
     experiment = mirror.experiment_name or "all experiments"
     last = (
         f"last sync {mirror.last_sync_at:%Y-%m-%d %H:%M:%S} UTC"
@@ -44,6 +46,10 @@ class Command(BaseCommand):
         parser.add_argument("--project", required=True, help="the Runcast project's slug")
         parser.add_argument("--url", help="the MLflow tracking server, e.g. http://mlflow:5000")
         parser.add_argument("--experiment", help="one experiment's name (default: all)")
+        parser.add_argument(
+            "--username",
+            help="for MLflow's basic auth (the token is then the password; '' for a bearer token)",
+        )
         token = parser.add_mutually_exclusive_group()
         token.add_argument(
             "--token-stdin",
@@ -65,8 +71,16 @@ class Command(BaseCommand):
         mirror = Mirror.objects.filter(project=project).first()
         changes = any(
             options[k]
-            for k in ("url", "experiment", "token_stdin", "clear_token", "disable", "enable")
-        ) or (options["experiment"] == "")
+            for k in (
+                "url",
+                "experiment",
+                "username",
+                "token_stdin",
+                "clear_token",
+                "disable",
+                "enable",
+            )
+        ) or "" in (options["experiment"], options["username"])
         if changes:
             mirror = self._configure(project, mirror, options)
             self.stdout.write(f"Saved. {describe(mirror)}")
@@ -109,6 +123,7 @@ class Command(BaseCommand):
                 url=url,
                 experiment_name=experiment,
                 token=token,
+                username=options["username"],
                 enabled=enabled,
                 operator=True,
             )
