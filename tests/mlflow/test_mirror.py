@@ -263,6 +263,7 @@ class _Relay:
         self.listener.listen(16)
         self.listener.settimeout(0.2)
         self._stop = False
+        self._open: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -276,6 +277,7 @@ class _Relay:
                 client.close()  # refused as a dead server's port is
                 continue
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -291,6 +293,9 @@ class _Relay:
         self._stop = True
         self._thread.join(5)
         self.listener.close()
+        # Open connections would hold the MLflow server's graceful shutdown.
+        for sock in self._open:
+            sock.close()
 
 
 @pytest.fixture

@@ -182,6 +182,7 @@ def test_the_command_syncs_once(ml_project: Project, mlflow_json: str) -> None:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    status = 200
     body = b"{}"
     seen: list[dict[str, str]] = []
 
@@ -190,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         _Handler.seen.append({"path": self.path, "auth": self.headers.get("Authorization", "")})
-        self.send_response(200)
+        self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
@@ -206,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def mlflow_json() -> Iterator[str]:
     """A loopback server answering `{}` to everything: an MLflow server with nothing in it."""
-    _Handler.body, _Handler.seen = b"{}", []
+    _Handler.status, _Handler.body, _Handler.seen = 200, b"{}", []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -240,7 +241,10 @@ def test_the_client_sends_the_token_in_a_header_only(mlflow_json: str) -> None:
     basic = RemoteMlflow(mlflow_json, token="pw", username="alice", private_ok=True)
     basic.search_experiments()
     assert _Handler.seen[-1]["auth"] == "Basic YWxpY2U6cHc="  # alice:pw
-    _Handler.body = b"<html>proxy error</html>"
+    _Handler.status, _Handler.body = 401, b"You are not authenticated."
+    with pytest.raises(RemoteError, match="HTTP 401, the token was refused"):
+        basic.search_experiments()
+    _Handler.status, _Handler.body = 200, b"<html>proxy error</html>"
     not_json = f"MLflow server {mlflow_json}: .*other than MLflow's JSON"
     with pytest.raises(RemoteError, match=not_json):
         client.search_experiments()

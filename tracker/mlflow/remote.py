@@ -177,6 +177,14 @@ class RemoteMlflow:
             )
         except outbound.TransportError as e:
             raise RemoteError(f"MLflow server {self.url}: {e.message}") from e
+        # Before the body is read as JSON: MLflow's basic-auth app and proxies answer a refused
+        # credential with text or HTML.
+        if answer.status in (401, 403):
+            raise RemoteError(
+                f"MLflow server {self.url}: HTTP {answer.status}, the token was refused "
+                "(set the mirror's token)",
+                code="UNAUTHENTICATED",
+            )
         try:
             parsed = json.loads(answer.text) if answer.text.strip() else {}
         except ValueError:
@@ -185,12 +193,6 @@ class RemoteMlflow:
             raise RemoteError(
                 f"MLflow server {self.url}: {endpoint} answered HTTP {answer.status} with "
                 "something other than MLflow's JSON (is this the tracking server's address?)"
-            )
-        if answer.status in (401, 403):
-            raise RemoteError(
-                f"MLflow server {self.url}: HTTP {answer.status}, the token was refused "
-                "(set the mirror's token)",
-                code="UNAUTHENTICATED",
             )
         if not 200 <= answer.status < 300:
             code = str(parsed.get("error_code", ""))[:64]
