@@ -102,7 +102,7 @@ def test_it_follows_a_live_training(
                 batch += [Metric("lr", 3e-4, now, s) for s in range(start, start + 20)]
                 source.log_batch(run_id, metrics=batch)
                 logged.set()
-                if stop.wait(0.02):
+                if stop.wait(0.05):
                     return
             source.set_terminated(run_id, "FINISHED")
         except BaseException as e:  # surfaced by the test, not lost in the thread
