@@ -101,6 +101,15 @@ def beat_schedule(*, sweep_period_s: float) -> dict[str, dict[str, Any]]:
             "schedule": 3600.0,
             "options": {"expires": 3300},
         },
+        # MLflow mirrors (docs/mlflow.md#mirror-an-mlflow-server): each enabled mirror's new
+        # experiments, runs and points copied every 15 s, so they appear within 30 s. One task
+        # per mirror, which claims it: a sync still running when the next tick comes is left to
+        # finish, and the tick does nothing for that mirror. With no mirror a tick is one query.
+        "sync-mlflow-mirrors": {
+            "task": "tracker.mlflow.tasks.mirrors_sync",
+            "schedule": 15.0,
+            "options": {"expires": 12},
+        },
         # Compaction (docs/deployment.md#compaction): merge the metric chunks whose batch rows
         # retention deleted (one point each at a batch a second) into chunks of 4,096 points,
         # ~20x less storage. Every 10 minutes so that retention's hourly work is merged in

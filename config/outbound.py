@@ -407,3 +407,52 @@ class SMTPBackend(smtp.EmailBackend):
         # Read once per open(): each connection gets its own deadline from that moment.
         cls = _DeadlineSMTPSSL if self.use_ssl else _DeadlineSMTP
         return functools.partial(cls, deadline=Deadline(self.timeout or DEFAULT_TIMEOUT_S))
+
+
+# --- JSON APIs a project reads from (the MLflow mirror): larger answers, read whole ---
+
+
+def request_json(
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    max_bytes: int,
+    private_ok: bool = False,
+) -> Response:
+    """GET or POST `url` and return the whole answer, at most `max_bytes` of it.
+
+    For APIs whose answer is the point (a mirrored MLflow server's runs and histories), unlike
+    post_json, which reads only enough of an answer to say why a send failed. An answer longer
+    than `max_bytes` raises a permanent TransportError rather than being cut (half a JSON page
+    is no page). The same deadline, redirect and address rules as post_json, except that
+    `private_ok` skips the address check: only for a destination an operator chose (a Django
+    staff user, or the management command run on the server), never one a project member typed.
+    """
+    scheme, host, port, path = _split(url)
+    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
+    connection = connection_class(host, port, deadline=Deadline(timeout), trusted=private_ok)
+    all_headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+    data = None
+    if body is not None:
+        data = body if isinstance(body, bytes) else encode(body)
+        all_headers.setdefault("Content-Type", "application/json")
+    try:
+        connection.request(method, path, body=data, headers=all_headers)
+        response = connection.getresponse()
+        raw = response.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise TransportError(f"the answer is larger than {max_bytes:,} bytes", permanent=True)
+        return Response(response.status, raw.decode("utf-8", "replace"))
+    except TransportError:
+        raise
+    except TimeoutError as e:
+        raise TransportError(f"timed out after {timeout:g} s", permanent=False) from e
+    except ssl.SSLError as e:
+        raise TransportError(f"TLS failed: {e.reason or e}", permanent=False) from e
+    except (http.client.HTTPException, OSError) as e:
+        raise TransportError(f"connection failed: {e}", permanent=False) from e
+    finally:
+        connection.close()

@@ -38,6 +38,7 @@ urlpatterns = [
     path("hosts/<slug:project>/<str:host>/", gpu_views.host_page, name="host"),
     path(settings, settings_views.settings_page, name="settings"),
     path(f"{settings}project/", settings_views.settings_project, name="settings-project"),
+    path(f"{settings}mlflow-mirror/", settings_views.settings_mirror, name="settings-mirror"),
     path(f"{settings}targets/", settings_views.settings_targets, name="settings-targets"),
     path(f"{settings}members/", settings_views.member_add, name="member-add"),
     path(

@@ -112,3 +112,31 @@ def _zone(name: str):  # type: ignore[no-untyped-def]
     from zoneinfo import ZoneInfo
 
     return ZoneInfo(name)
+
+
+class MirrorForm(forms.Form):
+    url = forms.CharField(
+        max_length=500,
+        label="MLflow server",
+        widget=forms.TextInput(attrs={"placeholder": "https://mlflow.example.com"}),
+    )
+    experiment_name = forms.CharField(
+        max_length=500, required=False, label="Experiment", help_text="Blank: every experiment."
+    )
+    # Never rendered back: a blank field keeps the stored token. "new-password": browsers ignore
+    # "off" on a password field and would fill in the user's Runcast password, which a save
+    # would then send to the MLflow server.
+    token = forms.CharField(
+        max_length=1000,
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Sent as Authorization: Bearer. Blank keeps the one stored.",
+    )
+    username = forms.CharField(
+        max_length=150,
+        required=False,
+        help_text="For MLflow's basic auth: the token is then its password. Blank: a bearer token.",
+    )
+    clear_token = forms.BooleanField(required=False, label="Remove the stored token")
+    enabled = forms.BooleanField(required=False, initial=True)

@@ -15,6 +15,9 @@ from dashboard.team.forms import AccountCreateForm, InviteForm
 from tracker import invitations
 from tracker.access import can_create_projects, membership_for
 from tracker.demo import is_demo
+from tracker.mlflow import mirror as mirror_services
+from tracker.mlflow import selectors as mirror_selectors
+from tracker.mlflow.models import Mirror
 from tracker.models import Deadline, Membership, Project
 from tracker.project_settings import selectors as sel
 from tracker.project_settings import services as svc
@@ -27,6 +30,7 @@ def render_settings(
     """The settings page, with what a handler adds (a bound form with its errors, a secret shown
     once); the team pages render it too."""
     project = membership.project
+    mirror = mirror_selectors.mirror_for(project=project)
     context: dict[str, Any] = {
         "project": project,
         "membership": membership,
@@ -42,6 +46,8 @@ def render_settings(
         ),
         "member_form": forms.MemberAddForm(),
         "token_form": forms.TokenForm(),
+        "mirror": mirror,
+        "mirror_form": forms.MirrorForm(initial=_mirror_initial(mirror)),
         **_team_context(request, membership),
         **extra,
     }
@@ -59,6 +65,17 @@ def _team_context(request: HttpRequest, membership: Membership) -> dict[str, Any
         "email_enabled": invitations.email_enabled(),
         "is_demo": is_demo(membership.project),
         "can_create_projects": can_create_projects(request.user),
+    }
+
+
+def _mirror_initial(mirror: Mirror | None) -> dict[str, Any]:
+    if mirror is None:
+        return {"enabled": True}
+    return {
+        "url": mirror.url,
+        "experiment_name": mirror.experiment_name,
+        "username": mirror.username,
+        "enabled": mirror.enabled,
     }
 
 
@@ -96,6 +113,31 @@ def settings_targets(request: HttpRequest, project: str) -> HttpResponse:
         return render_settings(request, membership, 400, targets_form=form)
     svc.project_targets_update(project=membership.project, targets=form.cleaned_data["targets"])
     return redirect("dashboard:settings", project=project)
+
+
+@login_required
+@require_POST
+def settings_mirror(request: HttpRequest, project: str) -> HttpResponse:
+    membership = membership_for(user=request.user, project_slug=project, need="owner")
+    form = forms.MirrorForm(request.POST)
+    if form.is_valid():
+        d = form.cleaned_data
+        try:
+            mirror_services.mirror_configure(
+                project=membership.project,
+                url=d["url"],
+                experiment_name=d["experiment_name"],
+                token="" if d["clear_token"] else (d["token"] or None),
+                username=d["username"],
+                enabled=d["enabled"],
+                # A Runcast administrator may point a mirror at a private address; an owner
+                # who is not one gets the outbound seam's public-address rule.
+                operator=request.user.is_staff,
+            )
+            return redirect("dashboard:settings", project=project)
+        except mirror_services.MirrorConfigError as exc:
+            form.add_error(exc.field or None, exc.message)
+    return render_settings(request, membership, 400, mirror_form=form)
 
 
 @login_required

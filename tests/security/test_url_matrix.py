@@ -97,6 +97,8 @@ PAGES: dict[str, Page] = {
         post="owner",
         data={"gpu_hour_price": "3.5", "currency": "EUR", "timezone": "Europe/Paris"},
     ),
+    # An empty URL: the form refuses it after the access check (no request leaves the server).
+    "dashboard:settings-mirror": Page(get=None, post="owner", data={"url": ""}, post_ok=400),
     "dashboard:settings-targets": Page(
         get=None, post="member", data={"targets": "loss 1.5"}, post_ok=400
     ),

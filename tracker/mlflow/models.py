@@ -120,3 +120,70 @@ class LoggedModel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_id} ({self.name})"
+
+
+class Mirror(models.Model):
+    """A project following an MLflow tracking server: a periodic task copies its new
+    experiments, runs and points here (tracker.mlflow.mirror), through the same ingestion as
+    live logging. One per project."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="mlflow_mirror")
+    url = models.CharField(max_length=500)
+    # One experiment's name, or blank for every experiment on the server.
+    experiment_name = models.CharField(max_length=500, blank=True)
+    # Sent as `Authorization: Bearer` (MLFLOW_TRACKING_TOKEN's form), or with `username` as
+    # HTTP basic auth (MLflow's basic-auth app: MLFLOW_TRACKING_USERNAME / _PASSWORD). Never
+    # rendered back whole, never logged, never in a URL; readable (not hashed) because it is sent.
+    token = models.CharField(max_length=1000, blank=True)
+    username = models.CharField(max_length=150, blank=True)
+    enabled = models.BooleanField(default=True)
+    # The address check of the outbound seam is skipped: set only when an operator chose the URL
+    # (a Django staff user, or the management command), cleared when anyone else changes it.
+    private_ok = models.BooleanField(default=False)
+    # A sync holds the mirror until then (a conditional UPDATE claims it), so ticks never overlap.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    # The last sync that looked at every run, not only the live and recently ended ones.
+    last_full_sync_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    syncs = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    runs_created = models.PositiveIntegerField(default=0)
+    points_copied = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=now)
+    updated_at = models.DateTimeField(default=now)
+
+    def __str__(self) -> str:
+        return f"{self.project.slug} ← {self.url}"
+
+    @property
+    def token_hint(self) -> str:
+        """What the page shows of the token: that one is set, and its last 4 characters when
+        it is long enough for them to give nothing away."""
+        if not self.token:
+            return ""
+        return f"…{self.token[-4:]}" if len(self.token) >= 16 else "set"
+
+
+class MirroredRun(models.Model):
+    """Where a mirror stands in one run: per metric key, a cursor into MLflow's history, so a
+    live run's tick fetches only its newest page, and whether an ended run is wholly copied
+    (then it is not fetched again)."""
+
+    mirror = models.ForeignKey(Mirror, on_delete=models.CASCADE, related_name="runs")
+    link = models.ForeignKey(RunLink, on_delete=models.CASCADE, related_name="mirrored")
+    # {key: {"token": page token or "", "first": [ts, step, value hex] of that page's first
+    #  point, "seen": points of that page copied, "latest": [step, ts, value hex] MLflow
+    #  reported as the key's latest when the copy reached the end}}
+    cursors = models.JSONField(default=dict, blank=True)
+    complete = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["mirror", "link"], name="mlflow_mirrored_run_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"mirrored {self.link_id} of mirror {self.mirror_id}"

@@ -11,7 +11,7 @@ import numpy as np
 
 from tracker import selectors as tracker_selectors
 from tracker.mlflow import artifacts
-from tracker.mlflow.models import Experiment, LoggedModel, RunLink
+from tracker.mlflow.models import Experiment, LoggedModel, Mirror, RunLink
 from tracker.models import LatestMetric, Project, Run
 
 
@@ -291,3 +291,7 @@ def run_datasets(*, run: Run) -> list[DatasetRow]:
         )
         for item in link.dataset_inputs
     ]
+
+
+def mirror_for(*, project: Project) -> Mirror | None:
+    return Mirror.objects.filter(project=project).first()
