@@ -1,0 +1,180 @@
+"""A forecast's input series, read from its stored sample and the chunks logged since.
+
+Every forecast (one per 15 s per live run) used to load and unpack every chunk of the run's
+loss and lr and resolve a million points to use 200,000 of them. Here each (run, key) has a
+`SeriesSample` row: the kept points of `forecasting.sampling` up to a cursor. A forecast reads
+the row, checks the cursor still describes the chunks (one aggregate), reads the chunks after
+it and extends the sample in memory. The row is rewritten only when the points after the
+cursor reach FOLD_POINTS, or rebuilt from every chunk when the check fails, so a forecast reads
+a bounded sample plus at most FOLD_POINTS raw points whatever the history's length.
+
+Correctness rests on the check, not on who wrote what when:
+
+* Storage order is (segment, min_step, chunk id), the order `tracker.selectors.series_load`
+  reads. Points logged later land after the cursor (a newer chunk of the current segment, or
+  a resumed attempt's new segment) and only extend the sample.
+* A chunk that lands at or before the cursor (an ingest transaction that took its id before
+  the row was written and committed after), a merge that reaches across the cursor
+  (tracker.compaction keeps a merged chunk at its first chunk's place) or a purge changes how
+  many points lie at or before the cursor: the row no longer matches and is rebuilt from every
+  chunk, exactly as a first forecast builds it. A merge wholly before the cursor keeps every
+  point in its place and changes nothing.
+* The row is written in the forecast's transaction (`forecast_compute` is atomic): a worker
+  killed half-way leaves the previous row, which is still correct. Two computations of one run
+  at once each write a row consistent with what they read (an upsert: the later one wins).
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet, Sum
+
+from forecasting.models import SeriesSample
+from forecasting.sampling import Sample, sample_extend
+from tracker.models import MetricChunk, Run
+from tracker.series import (
+    Series,
+    concat,
+    pack_floats,
+    pack_steps,
+    unpack_floats,
+    unpack_steps,
+)
+
+# Points after the cursor that a forecast reads raw before the row is rewritten to cover them:
+# ~200 KB of chunk arrays per key. Larger makes every forecast read more; smaller rewrites the
+# row (up to 200,000 kept points, ~8 MB) more often.
+FOLD_POINTS = 8192
+
+
+def series_input(*, run: Run, key: str, limit: int, keep_nonfinite: bool) -> Sample:
+    """The sample of every point of `key` (see forecasting.sampling), kept up to date in its
+    `SeriesSample` row. Call inside the forecast's transaction."""
+    chunks = MetricChunk.objects.filter(run=run, key=key)
+    row = SeriesSample.objects.filter(
+        run=run, key=key, limit=limit, keep_nonfinite=keep_nonfinite
+    ).first()
+    sample: Sample | None = None
+    tail: QuerySet[MetricChunk] = chunks
+    if row is not None:
+        covered = chunks.filter(_at_or_before(row)).aggregate(n=Sum("n"))["n"] or 0
+        if covered == row.points:
+            sample = _sample_of(row)
+            tail = chunks.exclude(_at_or_before(row))
+    rows = list(
+        tail.order_by("segment", "min_step", "id").values_list(
+            "id", "segment", "min_step", "steps", "values", "times"
+        )
+    )
+    new = concat([(seg, bytes(s), bytes(v), bytes(t)) for _, seg, _, s, v, t in rows])
+    grown = sample_extend(sample or Sample.empty(), new, limit=limit, keep_nonfinite=keep_nonfinite)
+    if rows and (sample is None or len(new) >= FOLD_POINTS or grown.stride != sample.stride):
+        chunk_id, segment, min_step = rows[-1][:3]
+        _store(
+            run=run,
+            key=key,
+            limit=limit,
+            keep_nonfinite=keep_nonfinite,
+            sample=grown,
+            cursor=(segment, min_step, chunk_id),
+        )
+    return grown
+
+
+def _at_or_before(row: SeriesSample) -> Q:
+    seg, low, chunk = row.cursor_segment, row.cursor_min_step, row.cursor_chunk
+    return (
+        Q(segment__lt=seg)
+        | Q(segment=seg, min_step__lt=low)
+        | Q(segment=seg, min_step=low, id__lte=chunk)
+    )
+
+
+def _sample_of(row: SeriesSample) -> Sample:
+    last = bytes(row.last)
+    return Sample(
+        stride=row.stride,
+        points=row.points,
+        positions=unpack_steps(bytes(row.positions)),
+        kept=Series(
+            unpack_steps(bytes(row.steps)),
+            unpack_floats(bytes(row.values)),
+            unpack_floats(bytes(row.times)),
+            unpack_steps(bytes(row.segments)),
+        ),
+        firsts={int(seg): int(step) for seg, step in row.firsts.items()},
+        last=_unpack_last(last),
+    )
+
+
+def _pack_last(last: Series) -> bytes:
+    if len(last) == 0:
+        return b""
+    return (
+        pack_steps(last.steps)
+        + pack_floats(last.values)
+        + pack_floats(last.times)
+        + pack_steps(last.segments)
+    )
+
+
+def _unpack_last(blob: bytes) -> Series:
+    if not blob:
+        return Series.empty()
+    return Series(
+        unpack_steps(blob[0:8]),
+        unpack_floats(blob[8:16]),
+        unpack_floats(blob[16:24]),
+        unpack_steps(blob[24:32]),
+    )
+
+
+def _store(
+    *,
+    run: Run,
+    key: str,
+    limit: int,
+    keep_nonfinite: bool,
+    sample: Sample,
+    cursor: tuple[int, int, int],
+) -> None:
+    segment, min_step, chunk_id = cursor
+    row = SeriesSample(
+        run=run,
+        key=key,
+        limit=limit,
+        keep_nonfinite=keep_nonfinite,
+        stride=sample.stride,
+        points=sample.points,
+        cursor_segment=segment,
+        cursor_min_step=min_step,
+        cursor_chunk=chunk_id,
+        positions=pack_steps(sample.positions),
+        steps=pack_steps(sample.kept.steps),
+        values=pack_floats(sample.kept.values),
+        times=pack_floats(sample.kept.times),
+        segments=pack_steps(sample.kept.segments),
+        last=_pack_last(sample.last),
+        firsts={str(seg): step for seg, step in sorted(sample.firsts.items())},
+    )
+    # An upsert: a computation of the same run running at the same time may have written the
+    # row since this one read it; both rows are right for what each read.
+    SeriesSample.objects.bulk_create(
+        [row],
+        update_conflicts=True,
+        unique_fields=["run", "key", "limit", "keep_nonfinite"],
+        update_fields=[
+            "stride",
+            "points",
+            "cursor_segment",
+            "cursor_min_step",
+            "cursor_chunk",
+            "positions",
+            "steps",
+            "values",
+            "times",
+            "segments",
+            "last",
+            "firsts",
+            "updated_at",
+        ],
+    )
