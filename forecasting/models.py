@@ -174,14 +174,17 @@ class SeriesSample(models.Model):
     cursor_segment = models.PositiveIntegerField()
     cursor_min_step = models.BigIntegerField()
     cursor_chunk = models.BigIntegerField()
-    # The kept points (tracker.series packing) and their positions in storage order.
+    # The kept points and their positions in storage order, packed small (forecasting.inputs:
+    # delta or XOR coded, deflated); the last point covered likewise (it is always an input).
     positions = models.BinaryField()
     steps = models.BinaryField()
     values = models.BinaryField()
     times = models.BinaryField()
     segments = models.BinaryField()
-    # The last point covered (step, value, time, segment), in the same packing; one point.
-    last = models.BinaryField()
+    last_steps = models.BinaryField()
+    last_values = models.BinaryField()
+    last_times = models.BinaryField()
+    last_segments = models.BinaryField()
     firsts = models.JSONField(default=dict)  # segment -> first step over every point covered
     updated_at = models.DateTimeField(auto_now=True)
 

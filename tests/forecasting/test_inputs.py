@@ -178,3 +178,19 @@ def test_forecasts_from_the_state_equal_those_from_a_full_reload(project) -> Non
         a = Forecast.objects.filter(run=grown, kind=kind, computed_at=now).get().data
         b = Forecast.objects.filter(run=once, kind=kind, computed_at=now).get().data
         assert a == b
+
+
+@pytest.mark.parametrize(
+    "floats",
+    [
+        np.array([]),
+        np.array([np.nan, -0.0, np.inf, -np.inf, 1e-300, 2.5]),
+        np.frombuffer(np.array([0x7FF8000000000123], np.int64).tobytes(), np.float64),  # a payload
+        1.76e9 + np.arange(5_000) * 8.0 + np.random.default_rng(0).uniform(0, 0.01, 5_000),
+    ],
+)
+def test_the_row_packing_gives_back_every_bit(floats: np.ndarray) -> None:
+    back = inputs._unpack_floats(inputs._pack_floats(floats))
+    assert back.tobytes() == floats.tobytes()
+    ints = np.array([0, 5, 3, -(2**40), 2**62, 7], np.int64)[: floats.size]
+    np.testing.assert_array_equal(inputs._unpack_ints(inputs._pack_ints(ints)), ints)
