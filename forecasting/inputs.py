@@ -108,28 +108,43 @@ def _sample_of(row: SeriesSample) -> Sample:
 
 # The row is read by every forecast: its size is its cost (PostgreSQL sends bytea as hex text;
 # a million-point run's 125,000 kept points are 5 MB raw). Integers (positions, steps, segments)
-# are stored as deltas and floats as the XOR of each value's bits with the previous one's, both
-# deflated: a regular log's positions, steps, segments and clock then take a few bytes per
-# thousand points, a smooth loss about half its raw size, and decoding is exact (NaN payloads
-# included). zlib level 1: the row is written only every FOLD_POINTS points.
+# are stored as deltas and floats as the XOR of each value's bits with the previous one's, then
+# deflated where that saves a tenth or more: a regular log's positions, steps and segments take
+# a few bytes per thousand points and its clock under half its size, while a noisy loss, which
+# deflate cannot shrink, is stored as it is rather than inflated again on every read. Decoding
+# is exact (NaN payloads and -0.0 included). zlib level 1: the row is written only every
+# FOLD_POINTS points. The first byte says which.
+_DEFLATED, _PLAIN = b"z", b"p"
+
+
+def _deflate(raw: bytes) -> bytes:
+    packed = zlib.compress(raw, 1)
+    return _DEFLATED + packed if len(packed) < 0.9 * len(raw) else _PLAIN + raw
+
+
+def _inflate(blob: bytes | memoryview) -> bytes | memoryview:
+    # psycopg2 hands bytea over as a memoryview of format "c", which never equals bytes.
+    blob = memoryview(blob).cast("B")
+    return zlib.decompress(blob[1:]) if blob[0] == _DEFLATED[0] else blob[1:]
+
+
 def _pack_ints(a: np.ndarray) -> bytes:
     a = np.ascontiguousarray(a, dtype=STEP_DTYPE)
-    return zlib.compress(np.diff(a, prepend=STEP_DTYPE.type(0)).tobytes(), 1)
+    return _deflate(np.diff(a, prepend=STEP_DTYPE.type(0)).tobytes())
 
 
 def _unpack_ints(blob: bytes | memoryview) -> np.ndarray:
-    return np.cumsum(np.frombuffer(zlib.decompress(blob), dtype=STEP_DTYPE), dtype=STEP_DTYPE)
+    return np.cumsum(np.frombuffer(_inflate(blob), dtype=STEP_DTYPE), dtype=STEP_DTYPE)
 
 
 def _pack_floats(a: np.ndarray) -> bytes:
     bits = np.ascontiguousarray(a, dtype=FLOAT_DTYPE).view(STEP_DTYPE)
-    return zlib.compress(
-        np.bitwise_xor(bits, np.roll(bits, 1) * (np.arange(bits.size) > 0)).tobytes(), 1
-    )
+    previous = np.concatenate((np.zeros(min(1, bits.size), STEP_DTYPE), bits[:-1]))
+    return _deflate(np.bitwise_xor(bits, previous).tobytes())
 
 
 def _unpack_floats(blob: bytes | memoryview) -> np.ndarray:
-    bits = np.frombuffer(zlib.decompress(blob), dtype=STEP_DTYPE)
+    bits = np.frombuffer(_inflate(blob), dtype=STEP_DTYPE)
     return (
         np.bitwise_xor.accumulate(bits).view(FLOAT_DTYPE) if bits.size else bits.view(FLOAT_DTYPE)
     )

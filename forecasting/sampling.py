@@ -83,9 +83,16 @@ def sample_extend(sample: Sample, new: Series, *, limit: int, keep_nonfinite: bo
     """The sample of the history `sample` summarises followed by `new` (storage order)."""
     points = sample.points + len(new)
     stride = stride_for(points, limit)
-    old = _keep(sample.positions, sample.kept.values, stride, keep_nonfinite)
     at = np.arange(sample.points, points, dtype=STEP_DTYPE)
     fresh = _keep(at, new.values, stride, keep_nonfinite)
+    if stride == sample.stride:
+        # Every kept point was kept by this same rule: only the new points need choosing.
+        kept = _join(sample.kept, _take(new, fresh))
+        positions = np.concatenate([sample.positions, at[fresh]])
+    else:
+        old = _keep(sample.positions, sample.kept.values, stride, keep_nonfinite)
+        kept = _join(_take(sample.kept, old), _take(new, fresh))
+        positions = np.concatenate([sample.positions[old], at[fresh]])
     firsts = dict(sample.firsts)
     if len(new):
         for seg in np.unique(new.segments):
@@ -94,8 +101,8 @@ def sample_extend(sample: Sample, new: Series, *, limit: int, keep_nonfinite: bo
     return Sample(
         stride=stride,
         points=points,
-        positions=np.concatenate([sample.positions[old], at[fresh]]),
-        kept=_join(_take(sample.kept, old), _take(new, fresh)),
+        positions=positions,
+        kept=kept,
         firsts=firsts,
         last=_take(new, np.arange(len(new)) == len(new) - 1) if len(new) else sample.last,
     )
