@@ -107,44 +107,51 @@ def _sample_of(row: SeriesSample) -> Sample:
 
 
 # The row is read by every forecast: its size is its cost (PostgreSQL sends bytea as hex text;
-# a million-point run's 125,000 kept points are 5 MB raw). Integers (positions, steps, segments)
-# are stored as deltas and floats as the XOR of each value's bits with the previous one's, then
-# deflated where that saves a tenth or more: a regular log's positions, steps and segments take
-# a few bytes per thousand points and its clock under half its size, while a noisy loss, which
-# deflate cannot shrink, is stored as it is rather than inflated again on every read. Decoding
-# is exact (NaN payloads and -0.0 included). zlib level 1: the row is written only every
-# FOLD_POINTS points. The first byte says which.
-_DEFLATED, _PLAIN = b"z", b"p"
+# a million-point run's 125,000 kept points are 5 MB raw), and so is decoding it. Integers
+# (positions, steps, segments) are stored as runs of equal deltas: a regular log's are a handful
+# of runs (the stride, a resume, the NaN kept off the stride), decoded by np.repeat and cumsum.
+# Floats are stored as the XOR of each value's bits with the previous one's, deflated when that
+# halves them (a regular clock), else as they are (a noisy loss, which deflate cannot shrink and
+# would only slow down every read). Decoding is exact (NaN payloads and -0.0 included). The
+# first byte says which; zlib level 1, as the row is written only every FOLD_POINTS points.
+_RUNS, _DEFLATED, _PLAIN = b"r", b"z", b"p"
 
 
-def _deflate(raw: bytes) -> bytes:
-    packed = zlib.compress(raw, 1)
-    return _DEFLATED + packed if len(packed) < 0.9 * len(raw) else _PLAIN + raw
-
-
-def _inflate(blob: bytes | memoryview) -> bytes | memoryview:
+def _body(blob: bytes | memoryview) -> tuple[int, memoryview]:
     # psycopg2 hands bytea over as a memoryview of format "c", which never equals bytes.
-    blob = memoryview(blob).cast("B")
-    return zlib.decompress(blob[1:]) if blob[0] == _DEFLATED[0] else blob[1:]
+    view = memoryview(blob).cast("B")
+    return view[0], view[1:]
 
 
 def _pack_ints(a: np.ndarray) -> bytes:
-    a = np.ascontiguousarray(a, dtype=STEP_DTYPE)
-    return _deflate(np.diff(a, prepend=STEP_DTYPE.type(0)).tobytes())
+    d = np.diff(np.ascontiguousarray(a, dtype=STEP_DTYPE), prepend=STEP_DTYPE.type(0))
+    starts = np.flatnonzero(np.diff(d, prepend=d[:1] + 1)) if d.size else d
+    if starts.size * 2 >= d.size:
+        return _PLAIN + d.tobytes()
+    counts = np.diff(starts, append=d.size)
+    return _RUNS + np.concatenate([d[starts], counts]).astype(STEP_DTYPE).tobytes()
 
 
 def _unpack_ints(blob: bytes | memoryview) -> np.ndarray:
-    return np.cumsum(np.frombuffer(_inflate(blob), dtype=STEP_DTYPE), dtype=STEP_DTYPE)
+    kind, body = _body(blob)
+    d = np.frombuffer(body, dtype=STEP_DTYPE)
+    if kind == _RUNS[0]:
+        values, counts = np.split(d, 2)
+        d = np.repeat(values, counts)
+    return np.cumsum(d, dtype=STEP_DTYPE)
 
 
 def _pack_floats(a: np.ndarray) -> bytes:
     bits = np.ascontiguousarray(a, dtype=FLOAT_DTYPE).view(STEP_DTYPE)
     previous = np.concatenate((np.zeros(min(1, bits.size), STEP_DTYPE), bits[:-1]))
-    return _deflate(np.bitwise_xor(bits, previous).tobytes())
+    raw = np.bitwise_xor(bits, previous).tobytes()
+    packed = zlib.compress(raw, 1)
+    return _DEFLATED + packed if len(packed) * 2 <= len(raw) else _PLAIN + raw
 
 
 def _unpack_floats(blob: bytes | memoryview) -> np.ndarray:
-    bits = np.frombuffer(_inflate(blob), dtype=STEP_DTYPE)
+    kind, body = _body(blob)
+    bits = np.frombuffer(zlib.decompress(body) if kind == _DEFLATED[0] else body, STEP_DTYPE)
     return (
         np.bitwise_xor.accumulate(bits).view(FLOAT_DTYPE) if bits.size else bits.view(FLOAT_DTYPE)
     )
