@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from forecasting.models import ConditionReading, Flag, Forecast, ServerClock
+from forecasting.models import ConditionReading, Flag, Forecast, SeriesSample, ServerClock
 from tracker.admin import ReadOnlyAdmin
 
 
@@ -43,6 +43,27 @@ class ConditionReadingAdmin(ReadOnlyAdmin):
     date_hierarchy = "computed_at"
     list_select_related = ("run",)
     show_full_result_count = False  # one row per run per computation
+
+
+@admin.register(SeriesSample)
+class SeriesSampleAdmin(ReadOnlyAdmin):
+    list_display = ("run", "key", "limit", "points", "stride", "updated_at")
+    search_fields = ("run__public_id", "key")
+    list_select_related = ("run",)
+    # The packed arrays are binary: the cursor and counts say what a row covers.
+    fields = (
+        "run",
+        "key",
+        "limit",
+        "keep_nonfinite",
+        "stride",
+        "points",
+        "cursor_segment",
+        "cursor_min_step",
+        "cursor_chunk",
+        "firsts",
+        "updated_at",
+    )
 
 
 @admin.register(ServerClock)

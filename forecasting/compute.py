@@ -10,7 +10,7 @@ import numpy as np
 from django.db import transaction
 from django.utils import timezone
 
-from forecasting import episodes, hysteresis, selectors
+from forecasting import episodes, hysteresis, inputs, selectors
 from forecasting.conditions import Condition, Ending, Reading
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
@@ -21,14 +21,17 @@ from forecasting.estimators.loss import forecast_loss
 from forecasting.estimators.slip import detect_slip
 from forecasting.flags import flags_close, flags_sync, int_or_none
 from forecasting.models import ConditionReading, Flag, Forecast
+from forecasting.sampling import Sample, progress_input, resolved_input, sample_extend
 from forecasting.store import forecast_store
 from forecasting.stragglers import straggler_finding
 from tracker import selectors as tracker_selectors
 from tracker.models import Event, Run
-from tracker.series import Series, latest_wins
+from tracker.series import Series
 
-# Forecast inputs are thinned to this many points; the estimators bin further themselves.
+# Forecast inputs are thinned to at most this many points (forecasting.sampling); the
+# estimators bin further themselves. The lr schedule and gradient norms need fewer.
 MAX_INPUT_POINTS = 200_000
+AUX_INPUT_POINTS = 20_000
 # Kinds forecast_compute owns (resolves when absent); "stalled" belongs to the liveness sweep.
 FORECAST_FLAG_KINDS = (
     *Flag.DIVERGENCE_KINDS,
@@ -38,27 +41,18 @@ FORECAST_FLAG_KINDS = (
 )
 
 
-def _thin(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
-    if len(series) <= limit:
-        return series
-    # Evenly spaced and strictly increasing (the stride exceeds 1), so no de-duplication.
-    idx = np.linspace(0, len(series) - 1, limit).astype(np.int64)
-    return _take(series, idx)
+def _input(*, run: Run, key: str, limit: int = MAX_INPUT_POINTS) -> Sample:
+    """The forecast's sample of one key, from its stored state (forecasting.inputs). The loss
+    and progress sample keeps every NaN/Inf: a NaN is the whole signal of a blow-up."""
+    return inputs.series_input(
+        run=run, key=key, limit=limit, keep_nonfinite=limit == MAX_INPUT_POINTS
+    )
 
 
-def _thin_keep_nonfinite(series: Series, limit: int = MAX_INPUT_POINTS) -> Series:
-    # Thinning must never drop the NaN that is the whole signal.
-    if len(series) <= limit:
-        return series
-    idx = np.linspace(0, len(series) - 1, limit).astype(np.int64)
-    bad = np.flatnonzero(~np.isfinite(series.values))
-    if bad.size:
-        idx = np.union1d(idx, bad)
-    return _take(series, idx)
-
-
-def _take(series: Series, idx: np.ndarray) -> Series:
-    return Series(series.steps[idx], series.values[idx], series.times[idx], series.segments[idx])
+def _sample_all(series: Series) -> Series:
+    """The same thinning over a history read whole (a run's end, once): resolved, NaN kept."""
+    sample = sample_extend(Sample.empty(), series, limit=MAX_INPUT_POINTS, keep_nonfinite=True)
+    return resolved_input(sample)
 
 
 @transaction.atomic
@@ -95,9 +89,9 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     endings: dict[str, Ending] = {}
     kinds: tuple[str, ...] = FORECAST_FLAG_KINDS
     if progress_key is not None:
-        raw = tracker_selectors.series_load(run=run, key=progress_key, resolve=False)
-        if len(raw):
-            eta = _eta_and_deadline(run=run, progress=_thin(raw), now=now)
+        sample = _input(run=run, key=progress_key)
+        if sample.points:
+            eta = _eta_and_deadline(run=run, progress=progress_input(sample), now=now)
             if eta is None:
                 # No ETA this time (e.g. too few points right after a resume): that says
                 # nothing about the deadline or the slip, so their open flags stay as they are.
@@ -108,15 +102,19 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                 # After the ETA: the what-if finish scales the forecast just stored.
                 conditions += _straggler_condition(run=run, now=now)
             if loss_key is not None:
-                # The progress series is the loss series: resolve it in memory, not reload it.
-                series = latest_wins(raw)
+                # The progress series is the loss series: the same sample, resolved.
+                series = resolved_input(sample)
                 found, endings = _loss_and_divergence(
                     run=run, key=loss_key, series=series, keys=keys, now=now
                 )
                 conditions += found
             conditions = episodes.one_flag_each(
                 _sustained(
-                    run=run, found=conditions, odds=odds, input_step=int(raw.steps[-1]), now=now
+                    run=run,
+                    found=conditions,
+                    odds=odds,
+                    input_step=int(sample.last.steps[0]),
+                    now=now,
                 )
             )
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now, resolutions=endings)
@@ -132,11 +130,11 @@ def final_events(*, run: Run, now: datetime) -> list[Flag]:
     loss_key = tracker_selectors.loss_key_for(keys)
     if loss_key is None:
         return []
-    series = tracker_selectors.series_load(run=run, key=loss_key)
+    series = tracker_selectors.series_load(run=run, key=loss_key, resolve=False)
     if len(series) == 0:
         return []
     found, _ = _divergence_conditions(
-        run=run, key=loss_key, series=_thin_keep_nonfinite(series), keys=keys, now=now
+        run=run, key=loss_key, series=_sample_all(series), keys=keys, now=now
     )
     # Judged once per end: every forecast task still queued when the run ended runs this again,
     # and each re-raised the NaN the end had just closed (the demo's drill sent it three times).
@@ -364,12 +362,11 @@ def _loss_and_divergence(
     say if they close (forecasting.episodes)."""
     if len(series) == 0:
         return [], {}
-    lr = _thin(tracker_selectors.series_load(run=run, key="lr"), 20_000) if "lr" in keys else None
-    thin = _thin(series)
-    finite = np.isfinite(thin.values)
+    lr = resolved_input(_input(run=run, key="lr", limit=AUX_INPUT_POINTS)) if "lr" in keys else None
+    finite = np.isfinite(series.values)
     loss = forecast_loss(
-        thin.steps[finite].astype(float),
-        thin.values[finite],
+        series.steps[finite].astype(float),
+        series.values[finite],
         total_steps=run.total_steps,
         lr_steps=lr.steps.astype(float) if lr is not None and len(lr) else None,
         lr_values=lr.values if lr is not None and len(lr) else None,
@@ -383,9 +380,7 @@ def _loss_and_divergence(
             now=now,
             data={**loss.to_dict(), "key": key},
         )
-    return _divergence_conditions(
-        run=run, key=key, series=_thin_keep_nonfinite(series), keys=keys, now=now
-    )
+    return _divergence_conditions(run=run, key=key, series=series, keys=keys, now=now)
 
 
 # Loss keys that are a held-out evaluation (one smooth point per evaluation), not a train loss.
@@ -405,7 +400,7 @@ def _divergence_conditions(
     grad_norms = {}
     for k in keys:
         if k.startswith("grad_norm/"):
-            g = _thin(tracker_selectors.series_load(run=run, key=k), 20_000)
+            g = resolved_input(_input(run=run, key=k, limit=AUX_INPUT_POINTS))
             grad_norms[k] = (g.steps.astype(float), g.values)
     price = float(run.project.gpu_hour_price) if run.project.gpu_hour_price is not None else None
     flags = detect_divergence(
@@ -430,5 +425,5 @@ def _episode_endings(*, run: Run, ended: str) -> dict[str, Ending]:
     loss_key = tracker_selectors.loss_key_for(keys)
     if loss_key is None:
         return {}
-    series = _thin_keep_nonfinite(tracker_selectors.series_load(run=run, key=loss_key))
+    series = _sample_all(tracker_selectors.series_load(run=run, key=loss_key, resolve=False))
     return episodes.resolutions(run=run, series=series, ended=ended)

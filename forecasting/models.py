@@ -152,3 +152,48 @@ class ServerClock(models.Model):
 
     def __str__(self) -> str:
         return f"listening since {self.listening_since}"
+
+
+class SeriesSample(models.Model):
+    """One key's forecast input as state: the sample `forecasting.sampling` keeps of its points
+    up to a cursor, so a forecast reads this row and the chunks after the cursor, not the whole
+    history (`forecasting.inputs`, its one writer, inside the forecast's transaction).
+
+    The cursor is the last chunk it covers in storage order (segment, min_step, chunk id) and
+    `points` how many points the chunks up to it hold: when they hold a different number (a
+    batch that committed late with an earlier position, a chunk merged across the cursor, a run
+    purged) the row is rebuilt from every chunk, so a stale row is never used.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="series_samples")
+    key = models.CharField(max_length=200)
+    limit = models.PositiveIntegerField()  # at most this many points kept
+    keep_nonfinite = models.BooleanField()
+    stride = models.PositiveIntegerField()
+    points = models.BigIntegerField()
+    cursor_segment = models.PositiveIntegerField()
+    cursor_min_step = models.BigIntegerField()
+    cursor_chunk = models.BigIntegerField()
+    # The kept points and their positions in storage order, packed small (forecasting.inputs:
+    # delta or XOR coded, deflated); the last point covered likewise (it is always an input).
+    positions = models.BinaryField()
+    steps = models.BinaryField()
+    values = models.BinaryField()
+    times = models.BinaryField()
+    segments = models.BinaryField()
+    last_steps = models.BinaryField()
+    last_values = models.BinaryField()
+    last_times = models.BinaryField()
+    last_segments = models.BinaryField()
+    firsts = models.JSONField(default=dict)  # segment -> first step over every point covered
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "key", "limit", "keep_nonfinite"], name="series_sample_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} sample of {self.run} ({self.points} points, 1 in {self.stride})"

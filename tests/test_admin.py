@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from alerts import services as alert_services
 from alerts.models import Channel, Digest
+from forecasting import inputs
 from forecasting.models import ConditionReading, Forecast, ServerClock
 from tests.alerts.fixtures import flag_raise
 from tracker import invitations
@@ -46,6 +47,7 @@ READ_ONLY = {
     "forecasting.flag",
     "forecasting.conditionreading",
     "forecasting.serverclock",
+    "forecasting.seriessample",
     "tracker.latestmetric",
     "alerts.notification",
     "alerts.digest",
@@ -115,6 +117,7 @@ def data(
     )
     saved_view_save(project=project, user=owner, name="lr sweep", query="q=params.lr+%3D+%271%27")
     Forecast.objects.create(run=run, kind=Forecast.Kind.ETA, segment=1, input_last_step=3)
+    inputs.series_input(run=run, key="loss", limit=200_000, keep_nonfinite=True)
     ConditionReading.objects.create(
         run=run, segment=1, second=1_700_000_000, computed_at=run.started_at, found=["rise"]
     )
