@@ -130,8 +130,12 @@ def batch_create(request: HttpRequest, run_id: str, payload: BatchIn) -> BatchOu
     )
 
 
+# Timings are paced by the client's timing_interval alone: their answer carries no hint.
 @router.post(
-    "/runs/{run_id}/timings", response={200: BatchOut, **ERRORS}, summary="Send rank timings"
+    "/runs/{run_id}/timings",
+    response={200: BatchOut, **ERRORS},
+    summary="Send rank timings",
+    exclude_none=True,
 )
 def timings_create(request: HttpRequest, run_id: str, payload: TimingsIn) -> BatchOut:
     """One rank's step timings (every rank, 0 included, under the run rank 0 created).
