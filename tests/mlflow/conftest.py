@@ -6,7 +6,15 @@ Tests that need the `mlflow` package skip where the `mlflow` extra is not instal
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -56,3 +64,61 @@ def mlflow_env(live_server: Any, ml_token: str, monkeypatch: pytest.MonkeyPatch)
 
     fluent._active_experiment_id = None
     mlflow.set_tracking_uri(None)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `mlflow server` (SQLite backend, one worker) for the module; its URL. It serves
+    artifacts through its proxy (`mlflow-artifacts:/…` URIs), as Runcast does."""
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "server.log", "wb"),  # noqa: SIM115
+        start_new_session=True,  # its uvicorn workers stop with it, as one process group
+    )
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    import requests
+
+    while True:
+        try:
+            if requests.get(f"{url}/health", timeout=5).ok:
+                break
+        except requests.RequestException:  # still starting
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    stop()

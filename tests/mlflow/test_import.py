@@ -1,17 +1,9 @@
-"""`runcast_import_mlflow` against a real `mlflow server` (SQLite backend) started here."""
+"""`runcast_import_mlflow` against a real `mlflow server` (conftest.py `mlflow_server`)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,62 +16,6 @@ from tracker.mlflow.models import Experiment
 from tracker.models import Project, Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--default-artifact-root",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(root / "server.log", "wb"),  # noqa: SIM115
-        start_new_session=True,  # its uvicorn workers stop with it, as one process group
-    )
-
-    def stop() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    import requests
-
-    while True:
-        try:
-            if requests.get(f"{url}/health", timeout=5).ok:
-                break
-        except requests.RequestException:  # still starting
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield url
-    stop()
 
 
 def _log(client: Any, run_id: str, key: str, steps: range, t0: int) -> None:
