@@ -57,7 +57,13 @@ def new_run(s: Side, experiment_id: str, name: str, **kwargs: Any) -> str:
 # --- experiments -------------------------------------------------------------------------------
 
 
-@scenario()
+@scenario(
+    {
+        "rename_onto_taken.error_code": "MLflow's SQL store lets the database refuse the name "
+        "(BAD_REQUEST); Runcast answers RESOURCE_ALREADY_EXISTS, MLflow's code for creating an "
+        "experiment with a taken name",
+    }
+)
 def experiments_create_get_rename(s: Side) -> None:
     exp = new_experiment(s, "vision", tags={"team": "cv"})
     s.record("get", s.client.get_experiment(exp))
@@ -106,7 +112,13 @@ def experiments_search(s: Side) -> None:
     s.attempt("zero_results", lambda: search(filter_string=mine, max_results=0))
 
 
-@scenario()
+@scenario(
+    {
+        "rename_deleted.error_code": "MLflow's store raises INVALID_STATE, which its server "
+        "answers as a 500 (INTERNAL_ERROR) that the client retries; Runcast refuses with "
+        "INVALID_PARAMETER_VALUE (400), as every write to a deleted experiment",
+    }
+)
 def experiments_delete_restore(s: Side) -> None:
     from mlflow.entities import ViewType
 
@@ -189,7 +201,20 @@ def _runs_for_search(s: Side) -> tuple[str, list[str]]:
     return exp, runs
 
 
-@scenario()
+SEARCH_LANGUAGE = (
+    "Runcast's filter language is the runs explorer's too (tracker/query): it takes IN and "
+    "NOT IN on any attribute, param or tag and filters on lifecycle_stage, which MLflow refuses"
+)
+
+
+@scenario(
+    {
+        "lifecycle*": SEARCH_LANGUAGE,
+        "param_in*": SEARCH_LANGUAGE,
+        "param_not_in*": SEARCH_LANGUAGE,
+        "status_in*": SEARCH_LANGUAGE,
+    }
+)
 def search_runs_filters(s: Side) -> None:
     exp, _ = _runs_for_search(s)
     filters = {
@@ -290,7 +315,13 @@ def log_batch_duplicates(s: Side) -> None:
     s.record("latest", s.client.get_run(run).data.metrics)
 
 
-@scenario()
+@scenario(
+    {
+        "latest.same_step": "two values at one step: MLflow's latest is the one with the later "
+        "timestamp, Runcast's the one logged later (its chunks' order, which the ingest path "
+        "keeps LatestMetric by)",
+    }
+)
 def metrics_special_values_and_history(s: Side) -> None:
     run = new_run(s, new_experiment(s, "values"), "values")
     for step, value in enumerate([float("nan"), math.inf, -math.inf, 0.0, -0.0, 1e-300, 3.5]):
@@ -473,7 +504,12 @@ def logged_models(s: Side) -> None:
 # --- errors ------------------------------------------------------------------------------------
 
 
-@scenario()
+@scenario(
+    {
+        "get_run_too_long.error_code": "a run id over 64 characters cannot exist, so Runcast "
+        "refuses it as INVALID_PARAMETER_VALUE naming the field (docs/mlflow.md, Limits)",
+    }
+)
 def error_codes(s: Side) -> None:
     missing_run = "0123456789abcdef0123456789abcdef"
     s.attempt("get_run", lambda: s.client.get_run(missing_run))

@@ -55,6 +55,10 @@ def _experiment(call: Call, experiment_id: str) -> Experiment:
     if experiment_id in ("", DEFAULT_EXPERIMENT_ID):
         return services.experiment_default(project=call.project)
     parsing.id_checked(experiment_id, "experiment_id", parsing.MAX_EXPERIMENT_ID_LENGTH)
+    if not (experiment_id.isascii() and experiment_id.isdigit()):
+        # Every experiment id is a digit string (services._new_experiment_id), as in MLflow's
+        # SQL store, which refuses another id as not an integer rather than as not found.
+        raise parsing.invalid_value("experiment_id", experiment_id, "must be a digit string")
     experiment = selectors.experiment_find(project=call.project, public_id=experiment_id)
     if experiment is None:
         # Another project's experiment is indistinguishable from a missing one.
@@ -128,7 +132,12 @@ def experiment_update(call: Call) -> Data:
 def _experiment_stage(stage: str) -> Callable[[Call], Data]:
     def handler(call: Call) -> Data:
         experiment_id = parsing.string(call.data, "experiment_id", required=True)
-        services.experiment_set_stage(experiment=_experiment(call, experiment_id), stage=stage)
+        experiment = _experiment(call, experiment_id)
+        if experiment.lifecycle_stage == stage:
+            # MLflow's store looks for the experiment among the active ones to delete it and
+            # among the deleted ones to restore it: deleting twice finds nothing.
+            raise not_found(f"The experiment with id={echo(experiment_id)} is already {stage}")
+        services.experiment_set_stage(experiment=experiment, stage=stage)
         return {}
 
     return handler
@@ -172,7 +181,7 @@ def run_create(call: Call) -> Data:
 
 
 def run_update(call: Call) -> Data:
-    link = _link(call)
+    link = _link(call, active=True)
     status = parsing.string(call.data, "status") or None
     if status is not None and status not in services.STATUSES:
         raise parsing.invalid_value("status", status, f"must be one of {list(services.STATUSES)}")
@@ -339,6 +348,8 @@ def metric_history_bulk_interval(call: Call) -> Data:
     key = parsing.string(call.data, "metric_key", required=True)
     start = parsing.integer(call.data.get("start_step"), "start_step")
     end = parsing.integer(call.data.get("end_step"), "end_step")
+    if (start is None) != (end is None):
+        raise invalid("start_step and end_step must be given together, or neither.")
     if start is not None and end is not None and start > end:
         raise invalid(
             f"end_step must be greater than start_step. Found start_step={start} "
