@@ -104,7 +104,12 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     def stop() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # uvicorn waits for idle keep-alive connections
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

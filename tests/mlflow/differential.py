@@ -125,11 +125,19 @@ def _normal_value(path: str, value: Any, ids: dict[str, str]) -> Any:
     if last in LOCATIONS:
         return "set" if value else value
     if isinstance(value, str):
-        if value in ids:
+        # An MLflow server's experiment ids are small integers ("3"), which a param or tag value
+        # can equal: they are mapped only where the field says it is one. Run and model ids
+        # (32 hex digits, `m-` and 32) are mapped wherever they appear, in tags and paths too.
+        if value in ids and (not ids[value].startswith("exp#") or last == "experiment_id"):
             return ids[value]
-        if "/" in value:  # an id inside a path or URI
-            return "/".join(ids.get(part, part) for part in value.split("/"))
+        if "/" in value:  # a run or model id inside a path
+            return "/".join(_long_id(part, ids) for part in value.split("/"))
     return value
+
+
+def _long_id(part: str, ids: dict[str, str]) -> str:
+    mapped = ids.get(part, part)
+    return part if mapped.startswith("exp#") else mapped
 
 
 @dataclass
@@ -158,6 +166,10 @@ class Comparison:
             for pattern in self.expected
             if not any(fnmatch.fnmatchcase(p, pattern) for p in self.differing)
         ]
+
+    def every(self) -> dict[str, tuple[Any, Any]]:
+        paths = sorted(self.theirs.keys() | self.ours.keys())
+        return {p: (self.theirs.get(p, "<absent>"), self.ours.get(p, "<absent>")) for p in paths}
 
     def describe(self, paths: dict[str, tuple[Any, Any]], limit: int = 40) -> str:
         lines = [f"  {path}: mlflow={a!r} runcast={b!r}" for path, (a, b) in paths.items()]
