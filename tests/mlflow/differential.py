@@ -67,12 +67,16 @@ class Side:
         self.record(label, answer if answer is not None else "ok")
         return answer
 
-    def rest(self, endpoint: str, **params: Any) -> Any:
-        """A GET the client has no method for, through the client's own HTTP layer."""
+    def rest(self, endpoint: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
+        """A GET (or with a body, a POST) the client has no method for, or sends only in
+        pieces, through the client's own HTTP layer."""
         from mlflow.utils.rest_utils import http_request
 
         creds = self.client._tracking_client.store.get_host_creds()
-        answer = http_request(creds, endpoint, "GET", params=params, max_retries=0)
+        if body is None:
+            answer = http_request(creds, endpoint, "GET", params=params, max_retries=0)
+        else:
+            answer = http_request(creds, endpoint, "POST", json=body, max_retries=0)
         body = answer.json()
         return body if answer.ok else {"error_code": body.get("error_code")}
 

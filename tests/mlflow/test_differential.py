@@ -221,8 +221,12 @@ SEARCH_LANGUAGE = (
     }
 )
 def search_runs_filters(s: Side) -> None:
-    exp, _ = _runs_for_search(s)
+    exp, runs = _runs_for_search(s)
     filters = {
+        "run_id_in": f"attributes.run_id IN ('{runs[1]}', '{runs[4]}')",
+        "run_id_eq": f"attributes.run_id = '{runs[2]}'",
+        "user_id": "attributes.user_id = 'unknown'",
+        "quoted_tag": "tags.\"mlflow.runName\" = 'r2'",
         "metric_lt": "metrics.loss < 1",
         "metric_eq": "metrics.loss = 0.5",
         "metric_gt": "metrics.loss > 0.2",
@@ -305,7 +309,7 @@ def search_runs_order_and_pages(s: Side) -> None:
 
 @scenario()
 def log_batch_duplicates(s: Side) -> None:
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
 
     run = new_run(s, new_experiment(s, "dupes"), "dupes")
     a = Metric("loss", 1.0, T0, 0)
@@ -317,6 +321,22 @@ def log_batch_duplicates(s: Side) -> None:
     s.client.log_batch(run, metrics=[Metric("acc", 0.1, T0, 0), Metric("acc", 0.1, T0, 0)])
     s.record("history_loss", s.client.get_metric_history(run, "loss"))
     s.record("history_acc", s.client.get_metric_history(run, "acc"))
+    # Over the server's limits (1,000 metrics, 100 params a request) the client splits the
+    # batch itself, so both servers take it whole.
+    s.client.log_batch(run, metrics=[Metric("m", 1.0, T0, k) for k in range(1001)])
+    s.client.log_batch(run, params=[Param(f"p{k}", "v") for k in range(101)])
+    s.record("split_batch_points", len(s.client.get_metric_history(run, "m")))
+    s.record("split_batch_params", len(s.client.get_run(run).data.params))
+    # The limits themselves, in one request as another client may send it.
+    point = {"key": "over", "value": 1.0, "timestamp": T0}
+    for label, body in {
+        "over_1000_metrics": {"metrics": [{**point, "step": k} for k in range(1001)]},
+        "over_100_params": {"params": [{"key": f"q{k}", "value": "v"} for k in range(101)]},
+        "over_100_tags": {"tags": [{"key": f"t{k}", "value": "v"} for k in range(101)]},
+        "metric_without_timestamp": {"metrics": [{"key": "over", "value": 1.0}]},
+    }.items():
+        s.record(label, s.rest("/api/2.0/mlflow/runs/log-batch", {"run_id": run, **body}))
+    s.record("nothing_of_refused_batches", s.client.get_metric_history(run, "over"))
     s.record("latest", s.client.get_run(run).data.metrics)
 
 
@@ -463,6 +483,10 @@ def dataset_inputs(s: Side) -> None:
     found = s.client.search_runs([exp])
     s.record("search_inputs", [r.inputs for r in found])
     s.attempt("missing_run", lambda: s.client.log_inputs("f" * 32, [DatasetInput(train)]))
+    summaries = "/ajax-api/2.0/mlflow/experiments/search-datasets"
+    found = s.rest(summaries, {"experiment_ids": [exp]})["dataset_summaries"]
+    # MLflow's store lists them in no order (a SELECT DISTINCT without ORDER BY): as a set.
+    s.record("search_datasets", sorted(found, key=lambda d: (d["name"], d["digest"])))
 
 
 @scenario()
@@ -483,7 +507,9 @@ def logged_models(s: Side) -> None:
     s.client.set_logged_model_tags(clf, {"team": "nlp"})
     s.client.delete_logged_model_tag(clf, "t")
     s.attempt("delete_missing_tag", lambda: s.client.delete_logged_model_tag(clf, "never"))
+    s.client.log_metric(run, "acc", 0.9, timestamp=T0, step=3, model_id=clf)
     s.record("finalized", s.client.finalize_logged_model(clf, "READY"))
+    s.record("run_metrics", s.client.get_run(run).data.metrics)
     s.client.finalize_logged_model(reg, "FAILED")
     search = s.client.search_logged_models
 
@@ -577,8 +603,8 @@ def test_runcast_answers_as_an_mlflow_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # MLflow's server answers a rename of a deleted experiment with a 500, which the client
-    # retries: quickly here.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0.1")
+    # retries: at once here.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     sides = []
     for uri in (mlflow_server, live_server.url):
         side = Side(uri, prefix=name)
