@@ -291,6 +291,14 @@ def test_an_experiment_id_of_other_than_digits_is_an_invalid_value(ml: Mlflow) -
     answer = ml.call("GET", "experiments/get", {"experiment_id": "abc"})
     assert (answer.status_code, answer.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
     assert "experiment_id" in answer.json()["message"]
+    for path, data in (
+        ("runs/search", {"experiment_ids": ["0", "abc"]}),
+        ("logged-models/search", {"experiment_ids": ["x1"]}),
+        ("experiments/search-datasets", {"experiment_ids": ["1.5"]}),
+    ):
+        answer = ml.call("POST", path, data)
+        assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE", path
+        assert "experiment_ids[" in answer.json()["message"], path
     missing = ml.call("GET", "experiments/get", {"experiment_id": "12345"})
     assert missing.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST"
 

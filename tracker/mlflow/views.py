@@ -54,11 +54,7 @@ class Call:
 def _experiment(call: Call, experiment_id: str) -> Experiment:
     if experiment_id in ("", DEFAULT_EXPERIMENT_ID):
         return services.experiment_default(project=call.project)
-    parsing.id_checked(experiment_id, "experiment_id", parsing.MAX_EXPERIMENT_ID_LENGTH)
-    if not (experiment_id.isascii() and experiment_id.isdigit()):
-        # Every experiment id is a digit string (services._new_experiment_id), as in MLflow's
-        # SQL store, which refuses another id as not an integer rather than as not found.
-        raise parsing.invalid_value("experiment_id", experiment_id, "must be a digit string")
+    parsing.experiment_id_checked(experiment_id, "experiment_id")
     experiment = selectors.experiment_find(project=call.project, public_id=experiment_id)
     if experiment is None:
         # Another project's experiment is indistinguishable from a missing one.
@@ -303,6 +299,8 @@ def search_datasets(call: Call) -> Data:
             f"SearchDatasets request cannot specify more than {MAX_EXPERIMENTS_SEARCH_DATASETS}"
             f" experiment_ids. Received {len(experiment_ids)} experiment_ids."
         )
+    for i, experiment_id in enumerate(experiment_ids):
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     summaries = selectors.dataset_summaries(project=call.project, experiment_ids=experiment_ids)
     return {"dataset_summaries": summaries} if summaries else {}
 
@@ -405,7 +403,7 @@ def metric_history_bulk(call: Call) -> Data:
 def run_search(call: Call) -> Data:
     experiment_ids = parsing.string_list(call.data, "experiment_ids")
     for i, experiment_id in enumerate(experiment_ids):
-        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     view = _view_type(call.data.get("run_view_type"), "run_view_type")
     wanted = search.read(parsing.string(call.data, "filter"), _order_by(call.data))
     page, token = search.runs(
@@ -516,7 +514,7 @@ def logged_model_search(call: Call) -> Data:
     if not experiment_ids:
         raise parsing.missing("experiment_ids")
     for i, experiment_id in enumerate(experiment_ids):
-        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     order_by = []
     for i, item in enumerate(parsing.array(call.data, "order_by")):
         if not isinstance(item, dict):
