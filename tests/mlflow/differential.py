@@ -119,10 +119,10 @@ def normalise(side: Side) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for label, value in side.fields.items():
         flatten(value, label, flat)
-    return {path: _normal_value(path, value, side.ids) for path, value in flat.items()}
+    return {path: normal_value(path, value, side.ids) for path, value in flat.items()}
 
 
-def _normal_value(path: str, value: Any, ids: dict[str, str]) -> Any:
+def normal_value(path: str, value: Any, ids: dict[str, str]) -> Any:
     last = path.rsplit(".", 1)[-1]
     if last in SERVER_TIMES or last in TOKENS:
         return "set" if value else value

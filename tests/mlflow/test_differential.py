@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.mlflow.differential import Comparison, Side, normalise
+from tests.mlflow.differential import Comparison, Side, normal_value, normalise
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -625,3 +625,21 @@ def test_runcast_answers_as_an_mlflow_server(
     assert not comparison.stale(), (
         f"expected differences that no longer occur: {comparison.stale()}"
     )
+
+
+@pytest.mark.django_db(transaction=False)  # no server, no rows: only the module mark wants a db
+def test_the_comparison_fails_on_a_new_difference_and_on_a_stale_expected_one() -> None:
+    ids = {"a" * 32: "run#1", "3": "exp#1"}
+    theirs = {"x.status": "FINISHED", "x.tags.n": "3", "x.experiment_id": "3", "y": 1}
+    ours = {"x.status": "KILLED", "x.tags.n": "3", "x.experiment_id": "3", "y": 1}
+    normal = {p: normal_value(p, v, ids) for p, v in theirs.items()}
+    # A tag "3" stays "3"; only an experiment_id field is read as experiment 3.
+    assert (normal["x.tags.n"], normal["x.experiment_id"]) == ("3", "exp#1")
+    assert (
+        normal_value("u", f"mlflow-artifacts:/3/{'a' * 32}/x", ids) == "mlflow-artifacts:/3/run#1/x"
+    )
+    new = Comparison(theirs=theirs, ours=ours, expected={})
+    assert new.new() == {"x.status": ("FINISHED", "KILLED")}
+    named = Comparison(theirs=theirs, ours=ours, expected={"x.stat*": "why", "y": "fixed since"})
+    assert (named.new(), named.stale()) == ({}, ["y"])
+    assert named.figures() == {"fields": 4, "identical": 3, "expected_differences": 1}
