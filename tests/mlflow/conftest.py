@@ -74,7 +74,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `mlflow server` (SQLite backend, one worker) of the test module's own; its URL."""
+    """A real `mlflow server` (SQLite backend, one worker) for the module; its URL. It serves
+    artifacts through its proxy (`mlflow-artifacts:/…` URIs), as Runcast does."""
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
@@ -85,7 +86,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "server",
             "--backend-store-uri",
             f"sqlite:///{root / 'mlflow.db'}",
-            "--default-artifact-root",
+            "--artifacts-destination",
             str(root / "artifacts"),
             "--host",
             "127.0.0.1",
@@ -104,7 +105,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             # uvicorn's graceful shutdown waits for open keep-alive connections, which on a
             # loaded machine outlasted 30 s: the server's data is throwaway, so it is killed.

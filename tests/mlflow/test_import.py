@@ -1,4 +1,4 @@
-"""`runcast_import_mlflow` against a real `mlflow server` (SQLite backend) started here."""
+"""`runcast_import_mlflow` against a real `mlflow server` (conftest.py `mlflow_server`)."""
 
 from __future__ import annotations
 

@@ -251,3 +251,71 @@ def test_history_endpoints_mlflow_ui_calls(ml: Mlflow) -> None:
     # An unknown run has no history (MLflow answers [] rather than an error).
     unknown = ml.ok("GET", "metrics/get-history", {"run_id": "f" * 32, "metric_key": "loss"})
     assert unknown == {"metrics": []}
+
+
+def test_get_history_bulk_interval_samples_as_mlflows_sql_store(ml: Mlflow) -> None:
+    run_id = ml.run()
+    points = [
+        {"key": "loss", "value": 1.0 / (s + 1), "timestamp": 1000 + s, "step": s} for s in range(10)
+    ]
+    ml.ok("POST", "runs/log-batch", {"run_id": run_id, "metrics": points})
+
+    def steps(**bounds: int) -> list[int]:
+        query = {"run_ids": run_id, "metric_key": "loss", "max_results": 4, **bounds}
+        return [
+            m["step"] for m in ml.ok("GET", "metrics/get-history-bulk-interval", query)["metrics"]
+        ]
+
+    # NTILE(4) over 10 points starts buckets at 0, 3, 6, 8; the last point replaces the last pick.
+    assert steps() == [0, 3, 6, 9]
+    assert steps(start_step=2, end_step=4) == [2, 3, 4]
+    one_bound = ml.call(
+        "GET",
+        "metrics/get-history-bulk-interval",
+        {"run_ids": run_id, "metric_key": "loss", "start_step": 2},
+    )
+    assert one_bound.status_code == 400 and "end_step" in one_bound.json()["message"]
+
+
+def test_deleting_a_deleted_or_restoring_an_active_experiment_finds_nothing(ml: Mlflow) -> None:
+    experiment_id = ml.ok("POST", "experiments/create", {"name": "twice"})["experiment_id"]
+    again = ml.call("POST", "experiments/restore", {"experiment_id": experiment_id})
+    assert (again.status_code, again.json()["error_code"]) == (404, "RESOURCE_DOES_NOT_EXIST")
+    ml.ok("POST", "experiments/delete", {"experiment_id": experiment_id})
+    again = ml.call("POST", "experiments/delete", {"experiment_id": experiment_id})
+    assert (again.status_code, again.json()["error_code"]) == (404, "RESOURCE_DOES_NOT_EXIST")
+    assert "already deleted" in again.json()["message"]
+
+
+def test_an_experiment_id_of_other_than_digits_is_an_invalid_value(ml: Mlflow) -> None:
+    answer = ml.call("GET", "experiments/get", {"experiment_id": "abc"})
+    assert (answer.status_code, answer.json()["error_code"]) == (400, "INVALID_PARAMETER_VALUE")
+    assert "experiment_id" in answer.json()["message"]
+    for path, data in (
+        ("runs/search", {"experiment_ids": ["0", "abc"]}),
+        ("logged-models/search", {"experiment_ids": ["x1"]}),
+        ("experiments/search-datasets", {"experiment_ids": ["1.5"]}),
+    ):
+        answer = ml.call("POST", path, data)
+        assert answer.json()["error_code"] == "INVALID_PARAMETER_VALUE", path
+        assert "experiment_ids[" in answer.json()["message"], path
+    missing = ml.call("GET", "experiments/get", {"experiment_id": "12345"})
+    assert missing.json()["error_code"] == "RESOURCE_DOES_NOT_EXIST"
+
+
+def test_a_deleted_runs_status_is_not_changed(ml: Mlflow) -> None:
+    run_id = ml.run()
+    ml.ok("POST", "runs/delete", {"run_id": run_id})
+    answer = ml.call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED"})
+    assert answer.status_code == 400 and "'active' state" in answer.json()["message"]
+    ml.ok("POST", "runs/restore", {"run_id": run_id})
+    assert ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["info"]["status"] == "RUNNING"
+
+
+def test_update_run_answers_the_end_time_the_client_sent(ml: Mlflow) -> None:
+    run_id = ml.run()
+    ml.ok("POST", "runs/update", {"run_id": run_id, "status": "FINISHED"})
+    info = ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["info"]
+    assert info["status"] == "FINISHED" and "end_time" not in info
+    ml.ok("POST", "runs/update", {"run_id": run_id, "status": "KILLED", "end_time": 5000})
+    assert ml.ok("GET", "runs/get", {"run_id": run_id})["run"]["info"]["end_time"] == 5000

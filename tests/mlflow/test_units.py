@@ -195,3 +195,25 @@ def test_a_search_reads_latest_metrics_in_a_bounded_number_of_queries(
     assert len(runs) == 10
     # One query per run and key before; now the count does not grow with the runs found.
     assert many == few
+
+
+def test_the_bulk_interval_picks_the_rows_sqls_ntile_starts_buckets_at() -> None:
+    """`_ntile_firsts` against SQLite's own NTILE, the window function MLflow's SQL store uses."""
+    import sqlite3
+
+    from tracker.mlflow.selectors import _ntile_firsts
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (i INTEGER)")
+    db.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(40)])
+    for total in range(1, 41):
+        for buckets in range(1, 13):
+            rows = db.execute(
+                "SELECT MIN(i) FROM (SELECT i, NTILE(?) OVER (ORDER BY i) AS b FROM t WHERE i < ?)"
+                " GROUP BY b ORDER BY 1",
+                (buckets, total),
+            ).fetchall()
+            firsts = [r[0] for r in rows]
+            if total > buckets:
+                firsts[-1] = total - 1  # MLflow's store shows the range's end
+            assert _ntile_firsts(total, buckets) == firsts, (total, buckets)

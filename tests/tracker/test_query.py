@@ -286,3 +286,18 @@ def test_the_backfill_finds_what_the_write_path_keeps(project: Project, runs: No
     LatestMetric.objects.all().delete()
     backfill.backfill(apps, None)
     assert sorted(LatestMetric.objects.values_list(*fields)) == kept
+
+
+@pytest.mark.parametrize(
+    "item", ["metrics.loss UP", "metrics.my loss", "params.a b c", "name ASC DESC"]
+)
+def test_it_refuses_an_order_by_that_mlflow_cannot_read(item: str) -> None:
+    with pytest.raises(query.QueryError, match="Invalid order_by clause"):
+        query.parse_order_by([item])
+
+
+def test_it_orders_by_a_quoted_key_with_spaces_in_either_case_of_direction() -> None:
+    assert query.parse_order_by(["metrics.`my loss` DESC", "metrics.loss asc"]) == [
+        query.OrderKey("metrics", "my loss", False),
+        query.OrderKey("metrics", "loss", True),
+    ]

@@ -113,6 +113,15 @@ def id_checked(value: str, path: str, limit: int) -> str:
     return value
 
 
+def experiment_id_checked(value: str, path: str) -> str:
+    """Every experiment id is a digit string (services._new_experiment_id), as in MLflow's SQL
+    store, which refuses another id as not an integer rather than answering "not found"."""
+    id_checked(value, path, MAX_EXPERIMENT_ID_LENGTH)
+    if not (value.isascii() and value.isdigit()):
+        raise invalid_value(path, value, "must be a digit string")
+    return value
+
+
 def integer(value: Any, path: str, *, default: int | None = None) -> int | None:
     if value is None or value == "":
         return default

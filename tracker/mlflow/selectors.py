@@ -212,8 +212,10 @@ def metric_history(*, run: Run, key: str) -> list[dict[str, Any]]:
 def metric_history_sampled(
     *, run: Run, key: str, start: int | None, end: int | None, max_results: int
 ) -> list[dict[str, Any]]:
-    """At most `max_results` points of one key between two steps, evenly over the range, the
-    first and last kept (what MLflow's UI asks `get-history-bulk-interval` for)."""
+    """At most `max_results` points of one key between two steps, chosen as MLflow's SQL store
+    chooses them (what its UI asks `get-history-bulk-interval` for): the points in (step,
+    timestamp, value) order cut into `max_results` NTILE buckets, the first of each, and the
+    last point in place of the last pick."""
     series = tracker_selectors.series_load(run=run, key=key, resolve=True)
     keep = np.ones(series.steps.size, dtype=bool)
     if start is not None:
@@ -221,8 +223,8 @@ def metric_history_sampled(
     if end is not None:
         keep &= series.steps <= end
     idx = np.flatnonzero(keep)
-    if idx.size > max_results:
-        idx = idx[np.unique(np.linspace(0, idx.size - 1, max_results).round().astype(int))]
+    idx = idx[np.lexsort((series.values[idx], series.times[idx], series.steps[idx]))]
+    idx = idx[_ntile_firsts(idx.size, max_results)]
     return [
         {
             "key": key,
@@ -233,6 +235,18 @@ def metric_history_sampled(
         }
         for i in idx.tolist()
     ]
+
+
+def _ntile_firsts(total: int, buckets: int) -> list[int]:
+    """SQL's NTILE(buckets) over `total` rows keeps the first row of each bucket (the first
+    `total % buckets` buckets hold one row more); MLflow then puts the last row in the last
+    pick's place, so the range's end is always shown."""
+    if total <= buckets:
+        return list(range(total))
+    size, larger = divmod(total, buckets)
+    picks = [b * size + min(b, larger) for b in range(buckets)]
+    picks[-1] = total - 1
+    return picks
 
 
 # --- datasets --------------------------------------------------------------------------------

@@ -277,7 +277,9 @@ def run_update(
             ended_at=tracker_services.from_epoch(ended_ms / 1000),
             session=link.session,
         )
-        link.end_time_ms = ended_ms
+        # Runcast's run needs an end; the MLflow run answers the end the client sent, as
+        # MLflow's store keeps none when `update_run` sends a status alone.
+        link.end_time_ms = end_time_ms
     if status:
         link.status = status
     link.save()

@@ -54,7 +54,7 @@ class Call:
 def _experiment(call: Call, experiment_id: str) -> Experiment:
     if experiment_id in ("", DEFAULT_EXPERIMENT_ID):
         return services.experiment_default(project=call.project)
-    parsing.id_checked(experiment_id, "experiment_id", parsing.MAX_EXPERIMENT_ID_LENGTH)
+    parsing.experiment_id_checked(experiment_id, "experiment_id")
     experiment = selectors.experiment_find(project=call.project, public_id=experiment_id)
     if experiment is None:
         # Another project's experiment is indistinguishable from a missing one.
@@ -128,7 +128,12 @@ def experiment_update(call: Call) -> Data:
 def _experiment_stage(stage: str) -> Callable[[Call], Data]:
     def handler(call: Call) -> Data:
         experiment_id = parsing.string(call.data, "experiment_id", required=True)
-        services.experiment_set_stage(experiment=_experiment(call, experiment_id), stage=stage)
+        experiment = _experiment(call, experiment_id)
+        if experiment.lifecycle_stage == stage:
+            # MLflow's store looks for the experiment among the active ones to delete it and
+            # among the deleted ones to restore it: deleting twice finds nothing.
+            raise not_found(f"The experiment with id={echo(experiment_id)} is already {stage}")
+        services.experiment_set_stage(experiment=experiment, stage=stage)
         return {}
 
     return handler
@@ -172,7 +177,7 @@ def run_create(call: Call) -> Data:
 
 
 def run_update(call: Call) -> Data:
-    link = _link(call)
+    link = _link(call, active=True)
     status = parsing.string(call.data, "status") or None
     if status is not None and status not in services.STATUSES:
         raise parsing.invalid_value("status", status, f"must be one of {list(services.STATUSES)}")
@@ -294,6 +299,8 @@ def search_datasets(call: Call) -> Data:
             f"SearchDatasets request cannot specify more than {MAX_EXPERIMENTS_SEARCH_DATASETS}"
             f" experiment_ids. Received {len(experiment_ids)} experiment_ids."
         )
+    for i, experiment_id in enumerate(experiment_ids):
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     summaries = selectors.dataset_summaries(project=call.project, experiment_ids=experiment_ids)
     return {"dataset_summaries": summaries} if summaries else {}
 
@@ -339,6 +346,8 @@ def metric_history_bulk_interval(call: Call) -> Data:
     key = parsing.string(call.data, "metric_key", required=True)
     start = parsing.integer(call.data.get("start_step"), "start_step")
     end = parsing.integer(call.data.get("end_step"), "end_step")
+    if (start is None) != (end is None):
+        raise invalid("start_step and end_step must be given together, or neither.")
     if start is not None and end is not None and start > end:
         raise invalid(
             f"end_step must be greater than start_step. Found start_step={start} "
@@ -394,7 +403,7 @@ def metric_history_bulk(call: Call) -> Data:
 def run_search(call: Call) -> Data:
     experiment_ids = parsing.string_list(call.data, "experiment_ids")
     for i, experiment_id in enumerate(experiment_ids):
-        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     view = _view_type(call.data.get("run_view_type"), "run_view_type")
     wanted = search.read(parsing.string(call.data, "filter"), _order_by(call.data))
     page, token = search.runs(
@@ -505,7 +514,7 @@ def logged_model_search(call: Call) -> Data:
     if not experiment_ids:
         raise parsing.missing("experiment_ids")
     for i, experiment_id in enumerate(experiment_ids):
-        parsing.id_checked(experiment_id, f"experiment_ids[{i}]", parsing.MAX_EXPERIMENT_ID_LENGTH)
+        parsing.experiment_id_checked(experiment_id, f"experiment_ids[{i}]")
     order_by = []
     for i, item in enumerate(parsing.array(call.data, "order_by")):
         if not isinstance(item, dict):

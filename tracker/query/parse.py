@@ -218,8 +218,11 @@ def parse_order_by(items: list[str]) -> list[OrderKey]:
         word = text.rsplit(None, 1)
         if len(word) == 2 and word[1].upper() in ("ASC", "DESC"):
             text, ascending = word[0], word[1].upper() == "ASC"
+        text = text.strip()
         entity, key = identifier(text)
-        if not key:
+        # A key with a space must be quoted here, as in MLflow: `metrics.loss UP` is a clause
+        # with a bad direction, not the key "loss UP".
+        if not key or (re.search(r"\s", text) and not _QUOTED_KEY.fullmatch(text)):
             raise QueryError(f"Invalid order_by clause '{echo(item)}'")
         out.append(OrderKey(entity, key, ascending))
     return out
