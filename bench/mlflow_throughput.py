@@ -1,19 +1,32 @@
-"""The stock `mlflow` client, unchanged, logging to Runcast's MLflow API and to a real MLflow
-tracking server on this machine: the same workload, points per second for each, the ratio.
+"""Per point, what logging costs through Runcast's MLflow API against its native API, and
+against a real MLflow tracking server on this machine: the same workloads, one run.
 
 Both servers run on PostgreSQL with 2 worker processes (Runcast: gunicorn, 2 workers x 4
-threads; MLflow: `mlflow server --workers 2`). The client is the `mlflow` package of .venv (the
-`mlflow` extra) in this process, pointed at each server in turn:
+threads; MLflow: `mlflow server --workers 2`). The clients run in this process:
 
-  * log_batch: STEPS steps x KEYS metrics, 1,000 metrics per `MlflowClient.log_batch` call
-    (MLflow's own per-request limit), timed from the first call to the last answer;
-  * log_metric: LOG_METRIC_CALLS synchronous `mlflow.log_metric` calls (one request each).
+  * native (Runcast only): the `runcast` client as a trainer uses it, `run.log({5 keys},
+    step=i)` for STEPS steps, timed from the first log() until finish() returns (every point
+    acknowledged; the client batches in its background thread);
+  * log_batch: the stock `mlflow` client, STEPS steps x KEYS metrics, 1,000 metrics per
+    `MlflowClient.log_batch` call (MLflow's own per-request limit), first call to last answer;
+  * async log_metric: `mlflow.log_metric` per key and step (STEPS x KEYS calls) with
+    `mlflow.config.enable_async_logging(True)` and MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1
+    (docs/mlflow.md), first call until `end_run()` has flushed the queue;
+  * sync log_metric: LOG_METRIC_CALLS synchronous `mlflow.log_metric` calls, one request each;
+  * round trip: LOG_METRIC_CALLS GETs of the server's trivial health endpoint (Runcast's
+    /healthz runs one `SELECT 1`; MLflow's /health none) over one kept-alive connection, as
+    the client's session keeps it: the floor under any one-request-per-point API.
 
-Every point is then counted where each server stored it (Runcast: the run's chunks; MLflow:
-its metrics table through `get_metric_history`), so a fast but lossy server cannot win.
+Per point: wall milliseconds, and the server's CPU milliseconds (its process tree; PostgreSQL
+not counted). Every point is then counted where each server stored it (Runcast: the run's
+chunks; MLflow: `get_metric_history`), so a fast but lossy server cannot win. The last line is
+JSON, with `ratios`: each MLflow-API mode over native on Runcast, and Runcast over MLflow.
 
-    .venv/bin/python bench/mlflow_throughput.py            # 20,000 steps x 5 metrics
-    .venv/bin/python bench/mlflow_throughput.py --quick    # 2,000 steps x 5 metrics
+    .venv/bin/python -m bench.mlflow_throughput            # 20,000 steps x 5 metrics
+    .venv/bin/python -m bench.mlflow_throughput --quick    # 2,000 steps x 5 metrics
+
+BENCH_MLFLOW_DB names its databases (`<name>`, `<name>_src`; both dropped at the end) and
+BENCH_MLFLOW_REDIS_DB its Redis index, so that two copies on one machine stay apart.
 """
 
 from __future__ import annotations
@@ -21,9 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from bench import throwaway_secret_key
@@ -32,6 +47,7 @@ from bench.harness import (
     REDIS_URL,
     ROOT,
     VENV_PY,
+    TreeRss,
     drop_db,
     free_port,
     log,
@@ -44,10 +60,12 @@ from bench.harness import (
 
 WORK = ROOT / "var" / "bench-mlflow"
 # This benchmark's own databases and Redis index, apart from bench/ingest.py's and the tests'.
-RUNCAST_DB, MLFLOW_DB = "runcast_mlflow_bench", "runcast_mlflow_bench_src"
+RUNCAST_DB = os.environ.get("BENCH_MLFLOW_DB", "runcast_mlflow_bench")
+MLFLOW_DB = f"{RUNCAST_DB}_src"
 REDIS_DB = int(os.environ.get("BENCH_MLFLOW_REDIS_DB", "2"))
 KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss")
 LOG_METRIC_CALLS = 500
+MODES = ("log_batch", "async_log_metric", "sync_log_metric")
 
 SETUP_CODE = """
 from tracker.models import Project
@@ -64,8 +82,45 @@ print(json.dumps({r.public_id: MetricChunk.objects.filter(run=r).aggregate(n=Sum
 """
 
 
-def workload(mlflow: Any, url: str, steps: int) -> dict[str, Any]:
-    """Run both loops against `url` (env already carries the token); return timings."""
+def value_at(step: int, i: int) -> float:
+    return 1.0 / (step + 1) + i
+
+
+class Meter:
+    """Wall and server-CPU time of one phase, per point."""
+
+    def __init__(self, server: TreeRss) -> None:
+        self.server = server
+
+    def measure(self, points: int, phase: Callable[[], None]) -> dict[str, float]:
+        cpu, began = self.server.cpu_seconds(), time.perf_counter()
+        phase()
+        wall = time.perf_counter() - began
+        cpu = self.server.cpu_seconds() - cpu
+        return {
+            "points": points,
+            "wall_s": round(wall, 3),
+            "ms_per_point": round(1000 * wall / points, 4),
+            "server_cpu_ms_per_point": round(1000 * cpu / points, 4),
+        }
+
+
+def round_trip(url: str, path: str, meter: Meter) -> dict[str, float]:
+    """LOG_METRIC_CALLS GETs of a trivial endpoint over one kept-alive connection."""
+    import requests
+
+    with requests.Session() as session:
+        session.get(url + path, timeout=30).raise_for_status()
+
+        def phase() -> None:
+            for _ in range(LOG_METRIC_CALLS):
+                session.get(url + path, timeout=30).raise_for_status()
+
+        return meter.measure(LOG_METRIC_CALLS, phase)
+
+
+def mlflow_workload(mlflow: Any, url: str, steps: int, meter: Meter) -> dict[str, Any]:
+    """The three MLflow-API modes against `url` (env already carries any token)."""
     from mlflow.entities import Metric
 
     mlflow.set_tracking_uri(url)
@@ -73,50 +128,96 @@ def workload(mlflow: Any, url: str, steps: int) -> dict[str, Any]:
     mlflow.set_experiment("bench")
     with mlflow.start_run(run_name="warm-up") as warm:  # first requests load server code
         client.log_batch(warm.info.run_id, metrics=[Metric("loss", 1.0, 0, 0)])
-    run = mlflow.start_run(run_name="log-batch")
+        for step in range(10):
+            mlflow.log_metric("warm", 1.0, step=step)
+    points = steps * len(KEYS)
     t0 = int(time.time() * 1000)
-    pending: list[Any] = []
-    started = time.perf_counter()
-    for step in range(steps):
-        for i, key in enumerate(KEYS):
-            pending.append(Metric(key, 1.0 / (step + 1) + i, t0 + step, step))
-        if len(pending) >= 1000:
-            client.log_batch(run.info.run_id, metrics=pending[:1000])
-            pending = pending[1000:]
-    if pending:
-        client.log_batch(run.info.run_id, metrics=pending)
-    batch_s = time.perf_counter() - started
+    result: dict[str, Any] = {}
+    runs: dict[str, str] = {}
+
+    run = mlflow.start_run(run_name="log-batch")
+    runs["log_batch"] = run.info.run_id
+
+    def batches() -> None:
+        pending: list[Any] = []
+        for step in range(steps):
+            for i, key in enumerate(KEYS):
+                pending.append(Metric(key, value_at(step, i), t0 + step, step))
+            if len(pending) >= 1000:
+                client.log_batch(run.info.run_id, metrics=pending[:1000])
+                pending = pending[1000:]
+        if pending:
+            client.log_batch(run.info.run_id, metrics=pending)
+
+    result["log_batch"] = meter.measure(points, batches)
     mlflow.end_run()
-    with mlflow.start_run(run_name="log-metric") as single:
-        started = time.perf_counter()
-        for step in range(LOG_METRIC_CALLS):
-            mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
-        metric_s = time.perf_counter() - started
-    stored = {
-        "log_batch": sum(len(client.get_metric_history(run.info.run_id, k)) for k in KEYS),
-        "log_metric": len(client.get_metric_history(single.info.run_id, "loss")),
+
+    mlflow.config.enable_async_logging(True)
+    try:
+        run = mlflow.start_run(run_name="async-log-metric")
+        runs["async_log_metric"] = run.info.run_id
+
+        def queued() -> None:
+            for step in range(steps):
+                for i, key in enumerate(KEYS):
+                    mlflow.log_metric(key, value_at(step, i), step=step)
+            mlflow.end_run()  # waits until the queue is sent
+
+        result["async_log_metric"] = meter.measure(points, queued)
+    finally:
+        mlflow.config.enable_async_logging(False)
+
+    with mlflow.start_run(run_name="sync-log-metric") as single:
+        runs["sync_log_metric"] = single.info.run_id
+
+        def one_by_one() -> None:
+            for step in range(LOG_METRIC_CALLS):
+                mlflow.log_metric("loss", value_at(step, 0), step=step)
+
+        result["sync_log_metric"] = meter.measure(LOG_METRIC_CALLS, one_by_one)
+    result["stored_via_api"] = {
+        "log_batch": sum(len(client.get_metric_history(runs["log_batch"], k)) for k in KEYS),
+        "async_log_metric": sum(
+            len(client.get_metric_history(runs["async_log_metric"], k)) for k in KEYS
+        ),
+        "sync_log_metric": len(client.get_metric_history(runs["sync_log_metric"], "loss")),
     }
-    return {
-        "batch_points": steps * len(KEYS),
-        "batch_s": batch_s,
-        "batch_points_per_s": steps * len(KEYS) / batch_s,
-        "log_metric_ms": 1000 * metric_s / LOG_METRIC_CALLS,
-        "stored_via_api": stored,
-        "run_ids": [run.info.run_id, single.info.run_id],
-    }
+    result["run_ids"] = runs
+    return result
 
 
-def runcast(mlflow: Any, steps: int) -> dict[str, Any]:
+def native_workload(url: str, token: str, steps: int, meter: Meter) -> dict[str, Any]:
+    """The runcast client, default settings, as a trainer calls it."""
+    import runcast
+
+    with tempfile.TemporaryDirectory(prefix="bench-mlflow-native-") as spool:
+        settings = runcast.Settings(url=url, token=token, dir=Path(spool), finish_timeout=900.0)
+        run = runcast.init(project="bench", name="native", id="native", settings=settings)
+
+        def logged() -> None:
+            for step in range(steps):
+                run.log({k: value_at(step, i) for i, k in enumerate(KEYS)}, step=step)
+            run.finish()
+
+        result = meter.measure(steps * len(KEYS), logged)
+    result["stats"] = run.stats()
+    return result
+
+
+@contextmanager
+def runcast_on(db: str) -> Iterator[tuple[str, str, dict[str, str], TreeRss]]:
+    """gunicorn (2 workers x 4 threads) on a fresh database `db`; yields (url, token, env,
+    its process tree). The database is dropped on exit."""
     env = dict(
         os.environ,
-        DATABASE_URL=f"{PG_URL}/{RUNCAST_DB}",
+        DATABASE_URL=f"{PG_URL}/{db}",
         DJANGO_SETTINGS_MODULE="config.settings.base",
         SECRET_KEY=throwaway_secret_key(),
         CELERY_BROKER_URL=f"{REDIS_URL}/{REDIS_DB}",
         CACHE_URL=f"{REDIS_URL}/{REDIS_DB}",
         LOG_LEVEL="WARNING",
     )
-    recreate_db(RUNCAST_DB)
+    recreate_db(db)
     log("runcast: migrating a fresh database")
     manage(env, "migrate", "--noinput")
     token = manage(env, "shell", "-c", SETUP_CODE).strip().splitlines()[-1]
@@ -138,22 +239,39 @@ def runcast(mlflow: Any, steps: int) -> dict[str, Any]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/healthz", server, logfile, timeout=60)
-        os.environ["MLFLOW_TRACKING_TOKEN"] = token
-        log("runcast: the workload through its MLflow API")
-        result = workload(mlflow, url, steps)
-        counts = json.loads(manage(env, "shell", "-c", COUNT_CODE).strip().splitlines()[-1])
-        result["stored_in_db"] = [counts.get(r) for r in result.pop("run_ids")]
-        return result
+        tree = TreeRss(server.pid)
+        tree.wait_idle(60)
+        yield url, token, env, tree
     finally:
-        os.environ.pop("MLFLOW_TRACKING_TOKEN", None)
         stop_group(server)
-        drop_db(RUNCAST_DB)
+        drop_db(db)
+
+
+def runcast(mlflow: Any, steps: int) -> dict[str, Any]:
+    with runcast_on(RUNCAST_DB) as (url, token, env, tree):
+        meter = Meter(tree)
+        result: dict[str, Any] = {"round_trip": round_trip(url, "/healthz", meter)}
+        log("runcast: the native client")
+        result["native"] = native_workload(url, token, steps, meter)
+        os.environ["MLFLOW_TRACKING_TOKEN"] = token
+        try:
+            log("runcast: the MLflow API")
+            result |= mlflow_workload(mlflow, url, steps, meter)
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_TOKEN", None)
+        counts = json.loads(manage(env, "shell", "-c", COUNT_CODE).strip().splitlines()[-1])
+        runs = result.pop("run_ids")
+        result["stored_in_db"] = {
+            "native": counts.get("native"),
+            **{mode: counts.get(run_id) for mode, run_id in runs.items()},
+        }
+        return result
 
 
 @contextmanager
-def mlflow_server_on(db: str) -> Iterator[str]:
-    """A real `mlflow server` (2 workers) on a fresh PostgreSQL database `db`; yields its URL.
-    The database is dropped on exit."""
+def mlflow_server_on(db: str) -> Iterator[tuple[str, TreeRss]]:
+    """A real `mlflow server` (2 workers) on a fresh PostgreSQL database `db`; yields its URL
+    and process tree. The database is dropped on exit."""
     WORK.mkdir(parents=True, exist_ok=True)
     recreate_db(db)
     port, logfile = free_port(), WORK / "mlflow-server.log"
@@ -178,18 +296,37 @@ def mlflow_server_on(db: str) -> Iterator[str]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", server, logfile, timeout=180)
-        yield url
+        tree = TreeRss(server.pid)
+        tree.wait_idle(60)
+        yield url, tree
     finally:
         stop_group(server)
         drop_db(db)
 
 
 def mlflow_server(mlflow: Any, steps: int) -> dict[str, Any]:
-    with mlflow_server_on(MLFLOW_DB) as url:
-        log("mlflow: the same workload against `mlflow server`")
-        result = workload(mlflow, url, steps)
+    with mlflow_server_on(MLFLOW_DB) as (url, tree):
+        meter = Meter(tree)
+        log("mlflow: the same workloads against `mlflow server`")
+        result: dict[str, Any] = {"round_trip": round_trip(url, "/health", meter)}
+        result |= mlflow_workload(mlflow, url, steps, meter)
         result.pop("run_ids")
         return result
+
+
+def ratios(rc: dict[str, Any], ml: dict[str, Any]) -> dict[str, float]:
+    """Wall ms per point: each MLflow-API mode over native on Runcast; Runcast over MLflow;
+    sync log_metric over the round-trip floor on each server."""
+    native = rc["native"]["ms_per_point"]
+    out = {f"runcast_{m}_over_native": rc[m]["ms_per_point"] / native for m in MODES}
+    out |= {
+        f"{m}_runcast_over_mlflow": rc[m]["ms_per_point"] / ml[m]["ms_per_point"] for m in MODES
+    }
+    for name, r in (("runcast", rc), ("mlflow", ml)):
+        out[f"{name}_sync_log_metric_over_round_trip"] = (
+            r["sync_log_metric"]["ms_per_point"] / r["round_trip"]["ms_per_point"]
+        )
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def main() -> None:
@@ -200,29 +337,58 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     for name in [k for k in os.environ if k.startswith("MLFLOW_")]:
         del os.environ[name]
+    # The async mode merges the calls queued within a second into log-batch requests
+    # (docs/mlflow.md); without it, it sends one request per call.
+    os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] = "1"
     import mlflow
 
     rc = runcast(mlflow, steps)
     ml = mlflow_server(mlflow, steps)
     print(
-        f"workload: {steps:,} steps x {len(KEYS)} metrics via log_batch; "
-        f"{LOG_METRIC_CALLS} synchronous log_metric calls; mlflow {mlflow.__version__}"
+        f"workload: {steps:,} steps x {len(KEYS)} metrics (native, log_batch, async "
+        f"log_metric); {LOG_METRIC_CALLS} synchronous log_metric calls and health GETs; "
+        f"mlflow {mlflow.__version__}"
     )
-    for name, r in (("runcast (MLflow API)", rc), ("mlflow server", ml)):
-        print(
-            f"{name:22} log_batch {r['batch_points_per_s']:>9,.0f} points/s "
-            f"({r['batch_s']:.1f} s)   log_metric {r['log_metric_ms']:6.1f} ms/call   "
-            f"stored {r['stored_via_api']}"
-        )
     print(
-        "ratio runcast/mlflow: log_batch "
-        f"{rc['batch_points_per_s'] / ml['batch_points_per_s']:.2f}x, "
-        f"log_metric latency {rc['log_metric_ms'] / ml['log_metric_ms']:.2f}x"
+        f"{'ms per point (server CPU)':28}"
+        + "".join(f"{m:>24}" for m in ("round_trip", "native", *MODES))
     )
-    exact = rc["stored_in_db"] == [steps * len(KEYS), LOG_METRIC_CALLS]
-    print(json.dumps({"runcast": rc, "mlflow": ml, "runcast_exact": exact}))
+    for name, r in (("runcast", rc), ("mlflow server", ml)):
+        cells = []
+        for mode in ("round_trip", "native", *MODES):
+            m = r.get(mode)
+            cells.append(
+                f"{m['ms_per_point']:>12.3f} ({m['server_cpu_ms_per_point']:7.3f})"
+                if m
+                else f"{'-':>24}"
+            )
+        print(f"{name:28}" + "".join(f"{c:>24}" for c in cells))
+    print("stored: runcast", rc["stored_in_db"], "mlflow", ml["stored_via_api"])
+    points = steps * len(KEYS)
+    expected = {
+        "native": points,
+        "log_batch": points,
+        "async_log_metric": points,
+        "sync_log_metric": LOG_METRIC_CALLS,
+    }
+    exact = rc["stored_in_db"] == expected and ml["stored_via_api"] == {
+        k: v for k, v in expected.items() if k != "native"
+    }
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "ratios": ratios(rc, ml),
+                "runcast": rc,
+                "mlflow": ml,
+                "exact": exact,
+            }
+        )
+    )
     if not exact:
-        raise SystemExit(f"runcast stored {rc['stored_in_db']}, expected exactly every point")
+        raise SystemExit(
+            f"stored {rc['stored_in_db']} / {ml['stored_via_api']}, expected {expected}"
+        )
 
 
 if __name__ == "__main__":
