@@ -25,7 +25,7 @@ _Converter = Callable[[Any, Any, Any], Any]
 def columns(model: type[Model], alias: str) -> str:
     """The select list of every concrete field of `model`, in field order, under `alias`."""
     qn = connection.ops.quote_name
-    return ", ".join(f"{alias}.{qn(f.column)}" for f in model._meta.concrete_fields)
+    return ", ".join(f"{alias}.{qn(str(f.column))}" for f in model._meta.concrete_fields)
 
 
 def table(model: type[Model]) -> str:

@@ -357,8 +357,8 @@ def _one_key_ingest(
             ON CONFLICT (run_id, key) DO UPDATE SET {latest_sets}
             WHERE {latest_t}.step <= excluded.step
         ), f AS (
-            UPDATE {segment_t} s SET first_step = %(low)s FROM b, seg
-            WHERE s.id = seg.id AND s.first_step IS NULL
+            UPDATE {segment_t} s SET first_step = %(low)s FROM b
+            WHERE s.id = (SELECT id FROM seg) AND s.first_step IS NULL
         ), r AS (
             UPDATE {run_t} SET
                 last_seen_at = %(now)s,
