@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -112,16 +113,20 @@ def token_revoke(*, token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
-def _token_by_prefix(prefix: str) -> ApiToken | None:
-    """The unrevoked token with this prefix and its project: `select_related("project")`,
-    written out once (tracker.rows: every API request makes this lookup)."""
-    sql = (
+@functools.cache
+def _token_sql() -> str:
+    return (
         f"SELECT {rows.columns(ApiToken, 't')}, {rows.columns(Project, 'p')} "  # noqa: S608
         f"FROM {rows.table(ApiToken)} t JOIN {rows.table(Project)} p ON p.id = t.project_id "
         "WHERE t.prefix = %s AND t.revoked_at IS NULL"
     )
+
+
+def _token_by_prefix(prefix: str) -> ApiToken | None:
+    """The unrevoked token with this prefix and its project: `select_related("project")`,
+    written out once (tracker.rows: every API request makes this lookup)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, [prefix])
+        cursor.execute(_token_sql(), [prefix])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -25,13 +26,12 @@ def experiment_by_name(*, project: Project, name: str) -> Experiment | None:
     return Experiment.objects.filter(project=project, name=name).first()
 
 
-def run_link(*, project: Project, run_id: str) -> RunLink | None:
-    if "\x00" in run_id:
-        return None
+@functools.cache
+def _run_link_sql() -> str:
     # RunLink.objects.select_related("run", "run__project", "experiment").filter(
     # run__project=project, run__public_id=run_id).first(), written out once: every logging
     # request looks its run up, and compiling that join cost more than running it (tracker.rows).
-    sql = (
+    return (
         f"SELECT {rows.columns(RunLink, 'l')}, {rows.columns(Run, 'r')}, "  # noqa: S608
         f"{rows.columns(Project, 'p')}, {rows.columns(Experiment, 'e')} "
         f"FROM {rows.table(RunLink)} l "
@@ -40,8 +40,13 @@ def run_link(*, project: Project, run_id: str) -> RunLink | None:
         f"JOIN {rows.table(Experiment)} e ON e.id = l.experiment_id "
         "WHERE r.project_id = %s AND r.public_id = %s ORDER BY l.id LIMIT 1"
     )
+
+
+def run_link(*, project: Project, run_id: str) -> RunLink | None:
+    if "\x00" in run_id:
+        return None
     with connection.cursor() as cursor:
-        cursor.execute(sql, [project.pk, run_id])
+        cursor.execute(_run_link_sql(), [project.pk, run_id])
         row = cursor.fetchone()
     if row is None:
         return None
