@@ -308,9 +308,7 @@ def _one_key_ingest(
     writes nothing else), the chunk, the key's LatestMetric, the segment's first step, the run's
     summary; forecasts after commit. None, having written nothing, when the session has no
     segment yet: the general path opens it."""
-    qn = connection.ops.quote_name
     columns = chunk_columns(series.steps, series.values, series.times)
-    chunk_names = ["run_id", "batch_id", "key", "segment", *columns]
     [latest] = _latest_rows(run=run, series=[series]).values()
     now = timezone.now()
     params: dict[str, Any] = {
@@ -329,7 +327,23 @@ def _one_key_ingest(
         "crashed": Run.Status.CRASHED,
         "running": Run.Status.RUNNING,
     }
-    chunk_values = ", ".join(f"%(c_{name})s::{_CHUNK_CASTS[name]}" for name in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(_one_key_sql(), params)
+        segments, inserted = cursor.fetchone()
+    if not segments:
+        return None
+    if not inserted:
+        return IngestResult(accepted=0, duplicate=True)
+    transaction.on_commit(lambda: _notify(run_ingested, run.pk))
+    return IngestResult(accepted=params["points"], duplicate=False)
+
+
+@functools.cache
+def _one_key_sql() -> str:
+    """The statement of `_one_key_ingest`, built once per process."""
+    qn = connection.ops.quote_name
+    chunk_names = ["run_id", "batch_id", "key", "segment", *_CHUNK_CASTS]
+    chunk_values = ", ".join(f"%(c_{name})s::{_CHUNK_CASTS[name]}" for name in _CHUNK_CASTS)
     latest_sets = ", ".join(f"{c} = excluded.{c}" for c in _LATEST_COLUMNS[2:])
     batch, chunk, latest_t = (
         qn(IngestBatch._meta.db_table),
@@ -341,7 +355,7 @@ def _one_key_ingest(
     # `b`, the batch row inserted: empty for a retried batch or one under the retention floor
     # (tracker.retention), which then changes nothing. Run.status_when_heard and _run_touch's
     # last_step rule, in SQL.
-    sql = f"""
+    return f"""
         WITH seg AS (
             SELECT id, number, seq_floor FROM {segment_t}
             WHERE run_id = %(run)s AND session = %(session)s
@@ -380,15 +394,6 @@ def _one_key_ingest(
         )
         SELECT (SELECT count(*) FROM seg), (SELECT count(*) FROM b)
     """  # noqa: S608
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        segments, inserted = cursor.fetchone()
-    if not segments:
-        return None
-    if not inserted:
-        return IngestResult(accepted=0, duplicate=True)
-    transaction.on_commit(lambda: _notify(run_ingested, run.pk))
-    return IngestResult(accepted=params["points"], duplicate=False)
 
 
 # PostgreSQL types of chunk_columns' values, for the SELECT that inserts them (a NULL or a
