@@ -255,12 +255,23 @@ def batch_ingest(
     series: list[SeriesIn],
     events: list[EventIn],
     heartbeat: datetime | None,
+    ordered: bool = True,
 ) -> IngestResult:
-    """Store one batch exactly once. A retry of the same (session, seq) changes nothing."""
+    """Store one batch exactly once. A retry of the same (session, seq) changes nothing.
+
+    `ordered`: the client numbers a session's batches in the order it sends them, as the
+    runcast client does, so a seq under the session's retention floor was stored long ago.
+    The MLflow API's seq is a hash of the batch's content (it dedupes by content instead):
+    no floor says anything about it, and one would refuse new batches at random."""
     points = sum(int(s.steps.size) for s in series)
     if _one_statement_applies(series=series, events=events):
         stored = _one_key_ingest(
-            run=run, session=session, seq=seq, series=series[0], heartbeat=heartbeat
+            run=run,
+            session=session,
+            seq=seq,
+            series=series[0],
+            heartbeat=heartbeat,
+            ordered=ordered,
         )
         if stored is not None:
             return stored
@@ -270,7 +281,7 @@ def batch_ingest(
                 run=run, session=session, seq=seq, points=points, heartbeat_at=heartbeat
             )
             segment = _segment_for_session(run=run, session=session)
-            if segment.seq_floor is not None and seq <= segment.seq_floor:
+            if ordered and segment.seq_floor is not None and seq <= segment.seq_floor:
                 # Stored long ago; retention has deleted its row (tracker.retention).
                 raise _AlreadyStored
             _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
@@ -301,7 +312,13 @@ def _one_statement_applies(*, series: list[SeriesIn], events: list[EventIn]) -> 
 
 
 def _one_key_ingest(
-    *, run: Run, session: str, seq: int, series: SeriesIn, heartbeat: datetime | None
+    *,
+    run: Run,
+    session: str,
+    seq: int,
+    series: SeriesIn,
+    heartbeat: datetime | None,
+    ordered: bool,
 ) -> IngestResult | None:
     """`batch_ingest` of one key's points in one statement, with the general path's effects
     in its order: the batch row (its (run, session, seq) key: a retry inserts nothing and so
@@ -315,6 +332,7 @@ def _one_key_ingest(
         "run": run.pk,
         "session": session,
         "seq": seq,
+        "ordered": ordered,
         "now": now,
         "points": int(series.steps.size),
         "heartbeat": heartbeat,
@@ -362,7 +380,7 @@ def _one_key_sql() -> str:
         ), b AS (
             INSERT INTO {batch} (run_id, session, seq, received_at, points, heartbeat_at)
             SELECT %(run)s, %(session)s, %(seq)s, %(now)s, %(points)s, %(heartbeat)s::timestamptz
-            FROM seg WHERE seg.seq_floor IS NULL OR %(seq)s > seg.seq_floor
+            FROM seg WHERE NOT %(ordered)s OR seg.seq_floor IS NULL OR %(seq)s > seg.seq_floor
             ON CONFLICT (run_id, session, seq) DO NOTHING
             RETURNING id
         ), c AS (

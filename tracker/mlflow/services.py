@@ -334,6 +334,8 @@ def _points_log(*, link: RunLink, metrics: list[MetricIn], heartbeat: datetime |
         series=series_of(metrics),
         events=[],
         heartbeat=heartbeat,
+        # batch_seq hashes the content: retention's floor of a session means nothing to it.
+        ordered=False,
     )
     return LogResult(points=result.accepted, duplicate=result.duplicate)
 
