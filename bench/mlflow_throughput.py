@@ -16,8 +16,9 @@ threads; MLflow: `mlflow server --workers 2`). The clients run in this process:
   * round trip: LOG_METRIC_CALLS GETs of the server's trivial health endpoint (Runcast's
     /healthz runs one `SELECT 1`; MLflow's /health none) over one kept-alive connection, as
     the client's session keeps it: the floor under any one-request-per-point API;
-  * client floor: the synchronous `mlflow.log_metric` loop against a server in this process
-    that answers at once, storing nothing: the MLflow client's own cost of a call;
+  * client floor: the synchronous `mlflow.log_metric` loop, and 20 log_batch calls of 1,000
+    metrics, against a server in this process that answers at once, storing nothing: the
+    MLflow client's own cost of a call, and of a point through log_batch;
   * commit (Runcast's database, the same PostgreSQL as MLflow's): LOG_METRIC_CALLS durable
     commits of nothing, the other floor under a request that stores a point before answering.
 
@@ -183,10 +184,28 @@ def client_floor(mlflow: Any) -> dict[str, Any]:
             for step in range(LOG_METRIC_CALLS):
                 mlflow.log_metric("loss", value_at(step, 0), step=step)
             wall = time.perf_counter() - began
+            # log_batch as the workload calls it (its Metric objects made in the loop too).
+            from mlflow.entities import Metric
+
+            client, run_id = mlflow.MlflowClient(), _NULL_RUN["run"]["info"]["run_id"]
+            batches = 20
+            began = time.perf_counter()
+            for b in range(batches):
+                metrics = [
+                    Metric(key, value_at(step, i), step, step)
+                    for step in range(200 * b, 200 * b + 200)
+                    for i, key in enumerate(KEYS)
+                ]
+                client.log_batch(run_id, metrics=metrics)
+            batch_wall = time.perf_counter() - began
     finally:
         server.shutdown()
         server.server_close()
-    return {"points": LOG_METRIC_CALLS, "ms_per_point": round(1000 * wall / LOG_METRIC_CALLS, 4)}
+    return {
+        "points": LOG_METRIC_CALLS,
+        "ms_per_point": round(1000 * wall / LOG_METRIC_CALLS, 4),
+        "log_batch_ms_per_point": round(batch_wall / batches, 4),  # 1,000 points a batch
+    }
 
 
 def commit_floor(db: str) -> dict[str, Any]:
@@ -428,6 +447,7 @@ def ratios(rc: dict[str, Any], ml: dict[str, Any], floor: dict[str, Any]) -> dic
         f"{m}_runcast_over_mlflow": rc[m]["ms_per_point"] / ml[m]["ms_per_point"] for m in MODES
     }
     out["bound_sync_client_floor_over_native"] = floor["ms_per_point"] / native
+    out["bound_log_batch_client_floor_over_native"] = floor["log_batch_ms_per_point"] / native
     out["bound_async_client_calls_over_native"] = (
         rc["async_log_metric"]["calls_ms_per_point"] / native
     )
@@ -476,7 +496,8 @@ def main() -> None:
         print(f"{name:28}" + "".join(f"{c:>24}" for c in cells))
     print(
         f"MLflow client floor (sync log_metric, a server that answers at once): "
-        f"{floor['ms_per_point']:.3f} ms/call"
+        f"{floor['ms_per_point']:.3f} ms/call; log_batch {floor['log_batch_ms_per_point']:.4f} "
+        "ms/point"
     )
     print("stored: runcast", rc["stored_in_db"], "mlflow", ml["stored_via_api"])
     points = steps * len(KEYS)
