@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from forecasting import liveness
 from tests.tracker.test_ingest_api import batch, create, series
-from tracker import retention, selectors, tasks
+from tracker import retention, selectors, services, tasks
 from tracker.models import Event, IngestBatch, MetricChunk, Run, RunSegment
 
 pytestmark = pytest.mark.django_db
@@ -91,10 +91,16 @@ def test_the_task_runs_twice_safely(api, write_token):
     assert RunSegment.objects.get().seq_floor == 10
 
 
-def test_an_mlflow_run_keeps_every_point_after_its_batch_rows_are_gone(client, write_token):
+@pytest.mark.parametrize("one_statement", [True, False])
+def test_an_mlflow_run_keeps_every_point_after_its_batch_rows_are_gone(
+    client, write_token, monkeypatch, one_statement
+):
     """The MLflow API keys a batch by a hash of its content, in no order: the floor a session's
     thinned rows leave must not refuse its later batches (it once dropped about a quarter of
-    them, answering success), and a retried old request still stores nothing twice."""
+    them, answering success), and a retried old request still stores nothing twice. On both
+    write paths (tracker.services: one statement for one key, the general one)."""
+    if not one_statement:
+        monkeypatch.setattr(services, "_one_statement_applies", lambda **kwargs: False)
     headers = {"HTTP_AUTHORIZATION": f"Bearer {write_token}"}
 
     def post(path, body):
