@@ -135,7 +135,7 @@ def mlflow_sizes(points: dict[str, tuple[bytes, bytes, bytes]]) -> dict[str, dic
             strict=True,
         ):
             rows.append(Metric(key, v, t, st))
-    with mlflow_server_on(MLFLOW_DB) as url:
+    with mlflow_server_on(MLFLOW_DB) as (url, _):
         mlflow.set_tracking_uri(url)
         client = mlflow.MlflowClient()
         run = client.create_run(client.create_experiment("growth"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from django.dispatch import Signal
 from django.http import Http404
 from django.utils import timezone
 
-from tracker import tokens
+from tracker import rows, tokens
 from tracker.models import (
     ApiToken,
     Deadline,
@@ -112,15 +113,33 @@ def token_revoke(*, token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
+@functools.cache
+def _token_sql() -> str:
+    return (
+        f"SELECT {rows.columns(ApiToken, 't')}, {rows.columns(Project, 'p')} "  # noqa: S608
+        f"FROM {rows.table(ApiToken)} t JOIN {rows.table(Project)} p ON p.id = t.project_id "
+        "WHERE t.prefix = %s AND t.revoked_at IS NULL"
+    )
+
+
+def _token_by_prefix(prefix: str) -> ApiToken | None:
+    """The unrevoked token with this prefix and its project: `select_related("project")`,
+    written out once (tracker.rows: every API request makes this lookup)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_token_sql(), [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    token, end = rows.instance(ApiToken, row)
+    token.project, _ = rows.instance(Project, row, end)
+    return token
+
+
 def token_authenticate(*, raw: str) -> ApiToken | None:
     parts = tokens.parse(raw)
     if parts is None:
         return None
-    token = (
-        ApiToken.objects.select_related("project")
-        .filter(prefix=parts.prefix, revoked_at__isnull=True)
-        .first()
-    )
+    token = _token_by_prefix(parts.prefix)
     if token is None or not tokens.matches(parts.secret, token.hashed):
         return None
     now = timezone.now()
@@ -236,16 +255,33 @@ def batch_ingest(
     series: list[SeriesIn],
     events: list[EventIn],
     heartbeat: datetime | None,
+    ordered: bool = True,
 ) -> IngestResult:
-    """Store one batch exactly once. A retry of the same (session, seq) changes nothing."""
+    """Store one batch exactly once. A retry of the same (session, seq) changes nothing.
+
+    `ordered`: the client numbers a session's batches in the order it sends them, as the
+    runcast client does, so a seq under the session's retention floor was stored long ago.
+    The MLflow API's seq is a hash of the batch's content (it dedupes by content instead):
+    no floor says anything about it, and one would refuse new batches at random."""
     points = sum(int(s.steps.size) for s in series)
+    if _one_statement_applies(series=series, events=events):
+        stored = _one_key_ingest(
+            run=run,
+            session=session,
+            seq=seq,
+            series=series[0],
+            heartbeat=heartbeat,
+            ordered=ordered,
+        )
+        if stored is not None:
+            return stored
     try:
         with transaction.atomic():
             batch = IngestBatch.objects.create(
                 run=run, session=session, seq=seq, points=points, heartbeat_at=heartbeat
             )
             segment = _segment_for_session(run=run, session=session)
-            if segment.seq_floor is not None and seq <= segment.seq_floor:
+            if ordered and segment.seq_floor is not None and seq <= segment.seq_floor:
                 # Stored long ago; retention has deleted its row (tracker.retention).
                 raise _AlreadyStored
             _chunks_store(run=run, batch=batch, segment=segment.number, series=series)
@@ -259,6 +295,141 @@ def batch_ingest(
             return IngestResult(accepted=0, duplicate=True)
         raise
     return IngestResult(accepted=points, duplicate=False)
+
+
+def _one_statement_applies(*, series: list[SeriesIn], events: list[EventIn]) -> bool:
+    # One key's points and no events: a synchronous MLflow log_metric (one point a request)
+    # and most small batches. Their every statement was a round trip and an ORM compilation
+    # for one row; PostgreSQL can write them all in one statement. SQLite has no writing CTEs
+    # and takes the general path, as do batches of several keys (one request carries many
+    # points there, so the per-request cost is spread over them).
+    return (
+        connection.vendor == "postgresql"
+        and not events
+        and len(series) == 1
+        and series[0].steps.size > 0
+    )
+
+
+def _one_key_ingest(
+    *,
+    run: Run,
+    session: str,
+    seq: int,
+    series: SeriesIn,
+    heartbeat: datetime | None,
+    ordered: bool,
+) -> IngestResult | None:
+    """`batch_ingest` of one key's points in one statement, with the general path's effects
+    in its order: the batch row (its (run, session, seq) key: a retry inserts nothing and so
+    writes nothing else), the chunk, the key's LatestMetric, the segment's first step, the run's
+    summary; forecasts after commit. None, having written nothing, when the session has no
+    segment yet: the general path opens it."""
+    columns = chunk_columns(series.steps, series.values, series.times)
+    [latest] = _latest_rows(run=run, series=[series]).values()
+    now = timezone.now()
+    params: dict[str, Any] = {
+        "run": run.pk,
+        "session": session,
+        "seq": seq,
+        "ordered": ordered,
+        "now": now,
+        "points": int(series.steps.size),
+        "heartbeat": heartbeat,
+        "key": series.key,
+        **{f"c_{name}": value for name, value in columns.items()},
+        **{f"l_{name}": value for name, value in zip(_LATEST_COLUMNS, latest, strict=True)},
+        "top": int(series.steps.max()),
+        "low": int(series.steps.min()),
+        "stalled": Run.Status.STALLED,
+        "crashed": Run.Status.CRASHED,
+        "running": Run.Status.RUNNING,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_one_key_sql(), params)
+        segments, inserted = cursor.fetchone()
+    if not segments:
+        return None
+    if not inserted:
+        return IngestResult(accepted=0, duplicate=True)
+    transaction.on_commit(lambda: _notify(run_ingested, run.pk))
+    return IngestResult(accepted=params["points"], duplicate=False)
+
+
+@functools.cache
+def _one_key_sql() -> str:
+    """The statement of `_one_key_ingest`, built once per process."""
+    qn = connection.ops.quote_name
+    chunk_names = ["run_id", "batch_id", "key", "segment", *_CHUNK_CASTS]
+    chunk_values = ", ".join(f"%(c_{name})s::{_CHUNK_CASTS[name]}" for name in _CHUNK_CASTS)
+    latest_sets = ", ".join(f"{c} = excluded.{c}" for c in _LATEST_COLUMNS[2:])
+    batch, chunk, latest_t = (
+        qn(IngestBatch._meta.db_table),
+        qn(MetricChunk._meta.db_table),
+        qn(LatestMetric._meta.db_table),
+    )
+    segment_t, run_t = qn(RunSegment._meta.db_table), qn(Run._meta.db_table)
+    # Table and column names are the models' own; every value is a parameter. Each CTE reads
+    # `b`, the batch row inserted: empty for a retried batch or one under the retention floor
+    # (tracker.retention), which then changes nothing. Run.status_when_heard and _run_touch's
+    # last_step rule, in SQL.
+    return f"""
+        WITH seg AS (
+            SELECT id, number, seq_floor FROM {segment_t}
+            WHERE run_id = %(run)s AND session = %(session)s
+        ), b AS (
+            INSERT INTO {batch} (run_id, session, seq, received_at, points, heartbeat_at)
+            SELECT %(run)s, %(session)s, %(seq)s, %(now)s, %(points)s, %(heartbeat)s::timestamptz
+            FROM seg WHERE NOT %(ordered)s OR seg.seq_floor IS NULL OR %(seq)s > seg.seq_floor
+            ON CONFLICT (run_id, session, seq) DO NOTHING
+            RETURNING id
+        ), c AS (
+            INSERT INTO {chunk} ({", ".join(qn(n) for n in chunk_names)})
+            SELECT %(run)s, b.id, %(key)s, seg.number, {chunk_values} FROM b, seg
+        ), l AS (
+            INSERT INTO {latest_t} ({", ".join(_LATEST_COLUMNS)})
+            SELECT %(l_run_id)s, %(l_key)s, %(l_value)s::double precision, %(l_is_nan)s,
+                   %(l_step)s, %(l_timestamp_ms)s
+            FROM b
+            ON CONFLICT (run_id, key) DO UPDATE SET {latest_sets}
+            WHERE {latest_t}.step <= excluded.step
+        ), f AS (
+            UPDATE {segment_t} s SET first_step = %(low)s FROM b
+            WHERE s.id = (SELECT id FROM seg) AND s.first_step IS NULL
+        ), r AS (
+            UPDATE {run_t} SET
+                last_seen_at = %(now)s,
+                points_count = {run_t}.points_count + %(points)s,
+                last_step = CASE WHEN {run_t}.current_segment = seg.number
+                    THEN GREATEST(COALESCE({run_t}.last_step, %(top)s), %(top)s)
+                    ELSE {run_t}.last_step END,
+                status = CASE
+                    WHEN {run_t}.status = %(stalled)s THEN %(running)s
+                    WHEN {run_t}.status = %(crashed)s AND {run_t}.ended_at IS NULL
+                        THEN %(running)s
+                    ELSE {run_t}.status END
+            FROM b, seg WHERE {run_t}.id = %(run)s
+        )
+        SELECT (SELECT count(*) FROM seg), (SELECT count(*) FROM b)
+    """  # noqa: S608
+
+
+# PostgreSQL types of chunk_columns' values, for the SELECT that inserts them (a NULL or a
+# bytes parameter has no type of its own there).
+_CHUNK_CASTS = {
+    "n": "integer",
+    "first_step": "bigint",
+    "last_step": "bigint",
+    "min_step": "bigint",
+    "max_step": "bigint",
+    "min_value": "double precision",
+    "max_value": "double precision",
+    "nonfinite": "integer",
+    "steps": "bytea",
+    "values": "bytea",
+    "times": "bytea",
+    "rollup": "bytea",
+}
 
 
 class _AlreadyStored(Exception):
@@ -291,7 +462,15 @@ _LATEST_COLUMNS = ("run_id", "key", "value", "is_nan", "step", "timestamp_ms")
 def _latest_metrics_store(*, run: Run, series: list[SeriesIn]) -> None:
     """Move each key's LatestMetric to this batch's latest point unless a stored one has a
     higher step: the order `MetricChunk` rows define (highest max_step, later chunk on a tie)."""
-    rows: dict[str, tuple[Any, ...]] = {}
+    latest = _latest_rows(run=run, series=series)
+    keys = list(latest)
+    for i in range(0, len(keys), _LATEST_KEYS_PER_STATEMENT):
+        _latest_upsert([latest[k] for k in keys[i : i + _LATEST_KEYS_PER_STATEMENT]])
+
+
+def _latest_rows(*, run: Run, series: list[SeriesIn]) -> dict[str, tuple[Any, ...]]:
+    """Each key's latest point of these series, as a LatestMetric row (_LATEST_COLUMNS)."""
+    out: dict[str, tuple[Any, ...]] = {}
     for s in series:
         if s.steps.size == 0:
             continue
@@ -299,12 +478,10 @@ def _latest_metrics_store(*, run: Run, series: list[SeriesIn]) -> None:
         j = int(np.flatnonzero(top)[np.argmax(s.times[top])])
         value, step = float(s.values[j]), int(s.steps[j])
         nan = bool(np.isnan(value))
-        if s.key not in rows or step >= rows[s.key][4]:
+        if s.key not in out or step >= out[s.key][4]:
             stamp = round(float(s.times[j]) * 1000)
-            rows[s.key] = (run.pk, s.key, None if nan else value, nan, step, stamp)
-    keys = list(rows)
-    for i in range(0, len(keys), _LATEST_KEYS_PER_STATEMENT):
-        _latest_upsert([rows[k] for k in keys[i : i + _LATEST_KEYS_PER_STATEMENT]])
+            out[s.key] = (run.pk, s.key, None if nan else value, nan, step, stamp)
+    return out
 
 
 def _latest_upsert(rows: list[tuple[Any, ...]]) -> None:

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from forecasting import liveness
 from tests.tracker.test_ingest_api import batch, create, series
-from tracker import retention, selectors, tasks
+from tracker import retention, selectors, services, tasks
 from tracker.models import Event, IngestBatch, MetricChunk, Run, RunSegment
 
 pytestmark = pytest.mark.django_db
@@ -89,3 +89,42 @@ def test_the_task_runs_twice_safely(api, write_token):
     tasks.batches_thin.delay()
     assert IngestBatch.objects.count() == 2
     assert RunSegment.objects.get().seq_floor == 10
+
+
+@pytest.mark.parametrize("one_statement", [True, False])
+def test_an_mlflow_run_keeps_every_point_after_its_batch_rows_are_gone(
+    client, write_token, monkeypatch, one_statement
+):
+    """The MLflow API keys a batch by a hash of its content, in no order: the floor a session's
+    thinned rows leave must not refuse its later batches (it once dropped about a quarter of
+    them, answering success), and a retried old request still stores nothing twice. On both
+    write paths (tracker.services: one statement for one key, the general one)."""
+    if not one_statement:
+        monkeypatch.setattr(services, "_one_statement_applies", lambda **kwargs: False)
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {write_token}"}
+
+    def post(path, body):
+        response = client.post(
+            f"/api/2.0/mlflow/{path}", body, content_type="application/json", **headers
+        )
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    run_id = post("runs/create", {"experiment_id": "0"})["run"]["info"]["run_id"]
+
+    def point(step):
+        return {"run_id": run_id, "key": "loss", "value": 1.0, "timestamp": step, "step": step}
+
+    for step in range(5):
+        post("runs/log-metric", point(step))
+    IngestBatch.objects.update(received_at=timezone.now() - 30 * DAY)
+    assert retention.batches_thin(now=timezone.now()).deleted == 5
+    assert RunSegment.objects.get().seq_floor is not None
+    for step in range(5, 45):
+        post("runs/log-metric", point(step))
+    post("runs/log-metric", point(2))  # retried after its row was thinned
+    post("runs/log-batch", {"run_id": run_id, "metrics": [point(3), point(45)]})
+    run = Run.objects.get(public_id=run_id)
+    assert run.points_count == 46
+    loss = selectors.series_load(run=run, key="loss", resolve=False)
+    assert sorted(loss.steps.tolist()) == list(range(46))

@@ -8,6 +8,7 @@ are accepted. Django-free apart from nothing: these are plain functions over dic
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -177,21 +178,27 @@ def string_list(data: dict[str, Any], name: str) -> list[str]:
 
 def check_name(name: str, path: str) -> None:
     """MLflow's rule for metric, param and tag keys (on a POSIX server)."""
+    problem = _name_problem(name)
+    if problem is not None:
+        raise invalid_value(path, name, problem)
+
+
+# A log-batch repeats a few keys up to 1,000 times: checking each once per process took an
+# eighth of such a request's server time.
+@functools.lru_cache(maxsize=4096)
+def _name_problem(name: str) -> str | None:
     if not _NAME.match(name):
-        raise invalid_value(
-            path,
-            name,
+        return (
             "Names may only contain alphanumerics, underscores (_), dashes (-), periods (.), "
-            "spaces ( ), colon(:) and slashes (/).",
+            "spaces ( ), colon(:) and slashes (/)."
         )
     norm = posixpath.normpath(name)
     if norm != name or norm == "." or norm.startswith("..") or norm.startswith("/"):
-        raise invalid_value(
-            path,
-            name,
+        return (
             "Names may be treated as files in certain cases, and must not resolve to other "
-            f"names when treated as such. This name would resolve to {limits.echo(norm)!r}",
+            f"names when treated as such. This name would resolve to {limits.echo(norm)!r}"
         )
+    return None
 
 
 def experiment_name(data: dict[str, Any], field: str) -> str:
