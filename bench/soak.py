@@ -76,7 +76,8 @@ Deadline.objects.create(project=project, slug="cutoff", name="Cutoff",
                         cutoff=timezone.now() + timedelta(days=2))
 session = SessionStore()
 session["_auth_user_id"] = str(lead.pk)
-session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+from django.conf import settings
+session["_auth_user_backend"] = settings.AUTHENTICATION_BACKENDS[0]
 session["_auth_user_hash"] = lead.get_session_auth_hash()
 session.create()
 print(session.session_key)
@@ -179,6 +180,7 @@ class Prober(threading.Thread):
         self.url, self.session, self.warm_until = url, session, warm_until
         self.board_ms: list[float] = []
         self.board_errors = 0
+        self.board_error = ""  # the last one, for the JSON line
         self.ages: list[float] = []
         self.stop = threading.Event()
 
@@ -193,10 +195,18 @@ class Prober(threading.Thread):
             began = time.perf_counter()
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
-                    response.read()
-                self.board_ms.append(1000 * (time.perf_counter() - began))
-            except OSError:
+                    body = response.read()
+                    landed = response.geturl()
+                elapsed = 1000 * (time.perf_counter() - began)
+                # The board itself, not the login page a lost session is sent to.
+                if landed.rstrip("/") == self.url and b"soak-" in body:
+                    self.board_ms.append(elapsed)
+                else:
+                    self.board_errors += 1
+                    self.board_error = f"{landed}: {body[:200]!r}"
+            except OSError as exc:
                 self.board_errors += 1
+                self.board_error = repr(exc)
             if time.time() >= next_fresh:
                 next_fresh = time.time() + 10.0
                 self.ages += [float(row[0]) for row in harness.pg_query(DB, FRESHNESS_SQL)]
@@ -328,6 +338,7 @@ def level(runs: int, minutes: float, per_process: int, data: Path) -> dict[str, 
             "ingest_p99_ms": p99(ingest),
             "board_loads": len(prober.board_ms),
             "board_errors": prober.board_errors,
+            "board_error": prober.board_error,
             "board_p99_ms": None if not prober.board_ms else round(p99(prober.board_ms) or 0, 1),
             "cpu_s_per_run_hour": round(cpu / run_hours, 2) if run_hours else None,
             "cpu_s_per_run_hour_by": {
