@@ -339,6 +339,9 @@ def level(runs: int, minutes: float, per_process: int, data: Path) -> dict[str, 
             "board_loads": len(prober.board_ms),
             "board_errors": prober.board_errors,
             "board_error": prober.board_error,
+            "board_p50_ms": (
+                round(statistics.median(prober.board_ms), 1) if prober.board_ms else None
+            ),
             "board_p99_ms": None if not prober.board_ms else round(p99(prober.board_ms) or 0, 1),
             "cpu_s_per_run_hour": round(cpu / run_hours, 2) if run_hours else None,
             "cpu_s_per_run_hour_by": {
