@@ -309,20 +309,36 @@ def post_json(
     transport to judge. A refused target raises a permanent TransportError; network failures
     and timeouts raise a transient one.
     """
-    scheme, host, port, path = _split(url)
     data = body if isinstance(body, bytes) else encode(body)
-    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
-    connection = connection_class(host, port, deadline=Deadline(timeout))
     all_headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         **(headers or {}),
     }
+    status, raw = _exchange("POST", url, data, all_headers, timeout=timeout, read=MAX_BODY)
+    return Response(status, raw.decode("utf-8", "replace"))
+
+
+def _exchange(
+    method: str,
+    url: str,
+    data: bytes | None,
+    headers: dict[str, str],
+    *,
+    timeout: float,
+    read: int,
+    trusted: bool = False,
+) -> tuple[int, bytes]:
+    """One request through a vetted connection under one deadline: its status and at most
+    `read` bytes of its answer. Failures become TransportError (a refused target permanent,
+    network failures and timeouts transient)."""
+    scheme, host, port, path = _split(url)
+    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
+    connection = connection_class(host, port, deadline=Deadline(timeout), trusted=trusted)
     try:
-        connection.request("POST", path, body=data, headers=all_headers)
+        connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
-        text = response.read(MAX_BODY).decode("utf-8", "replace")
-        return Response(response.status, text)
+        return response.status, response.read(read)
     except TransportError:
         raise
     except TimeoutError as e:
@@ -431,28 +447,14 @@ def request_json(
     `private_ok` skips the address check: only for a destination an operator chose (a Django
     staff user, or the management command run on the server), never one a project member typed.
     """
-    scheme, host, port, path = _split(url)
-    connection_class = _VettedHTTPSConnection if scheme == "https" else _VettedHTTPConnection
-    connection = connection_class(host, port, deadline=Deadline(timeout), trusted=private_ok)
     all_headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
     data = None
     if body is not None:
         data = body if isinstance(body, bytes) else encode(body)
         all_headers.setdefault("Content-Type", "application/json")
-    try:
-        connection.request(method, path, body=data, headers=all_headers)
-        response = connection.getresponse()
-        raw = response.read(max_bytes + 1)
-        if len(raw) > max_bytes:
-            raise TransportError(f"the answer is larger than {max_bytes:,} bytes", permanent=True)
-        return Response(response.status, raw.decode("utf-8", "replace"))
-    except TransportError:
-        raise
-    except TimeoutError as e:
-        raise TransportError(f"timed out after {timeout:g} s", permanent=False) from e
-    except ssl.SSLError as e:
-        raise TransportError(f"TLS failed: {e.reason or e}", permanent=False) from e
-    except (http.client.HTTPException, OSError) as e:
-        raise TransportError(f"connection failed: {e}", permanent=False) from e
-    finally:
-        connection.close()
+    status, raw = _exchange(
+        method, url, data, all_headers, timeout=timeout, read=max_bytes + 1, trusted=private_ok
+    )
+    if len(raw) > max_bytes:
+        raise TransportError(f"the answer is larger than {max_bytes:,} bytes", permanent=True)
+    return Response(status, raw.decode("utf-8", "replace"))

@@ -154,24 +154,16 @@ def _run_import(
     report: Callable[[str], None],
 ) -> str:
     info, data = run.info, run.data
-    name = info.run_name or data.tags.get(services.RUN_NAME_TAG, "") or info.run_id
+    name = run_name(run)
     link = selectors.run_link(project=project, run_id=info.run_id)
     if link is None:
-        link = services.run_create(
-            project=project,
-            experiment=experiment,
-            user_id=info.user_id or "",
-            start_time_ms=info.start_time,
-            tags=[],
-            run_name=name,
-            run_id=info.run_id,
-            imported_from=source,
+        link = run_link_create(
+            project=project, experiment=experiment, run=run, source=source, summary=summary
         )
-        summary.runs_created += 1
     elif not link.imported_from:
         summary.skipped.append(info.run_id)
         return f"{name}: skipped (a run with this id was logged here, not imported)"
-    _params_tags_copy(link=link, params=data.params, tags=data.tags, summary=summary)
+    params_tags_copy(link=link, params=data.params, tags=data.tags, summary=summary)
     copied = 0
     for key in sorted(data.metrics):
         copied += _history_copy(client=client, link=link, key=key, summary=summary, report=report)
@@ -180,7 +172,33 @@ def _run_import(
     return f"{experiment.name}/{name}: +{copied:,} points"
 
 
-def _params_tags_copy(
+def run_name(run: Any) -> str:
+    """An MLflow run's name as MLflow shows it: its name, its name tag, else its id."""
+    info = run.info
+    return str(info.run_name or run.data.tags.get(services.RUN_NAME_TAG, "") or info.run_id)
+
+
+def run_link_create(
+    *, project: Project, experiment: Experiment, run: Any, source: str, summary: Any
+) -> RunLink:
+    """The Runcast run of an MLflow run copied from `source` (the import's and the mirror's),
+    keeping its id, name, user and start; counted in `summary.runs_created`."""
+    info = run.info
+    link = services.run_create(
+        project=project,
+        experiment=experiment,
+        user_id=info.user_id or "",
+        start_time_ms=info.start_time,
+        tags=[],
+        run_name=run_name(run),
+        run_id=info.run_id,
+        imported_from=source,
+    )
+    summary.runs_created += 1
+    return link
+
+
+def params_tags_copy(
     *, link: RunLink, params: dict[str, str], tags: dict[str, str], summary: ImportSummary
 ) -> None:
     config = link.run.config

@@ -323,21 +323,16 @@ def _run_sync(
         summary.runs_unchanged += 1
         return True
     if link is None:
-        name = info.run_name or data.tags.get(services.RUN_NAME_TAG, "") or info.run_id
-        link = services.run_create(
+        link = importer.run_link_create(
             project=mirror.project,
             experiment=experiment,
-            user_id=info.user_id or "",
-            start_time_ms=info.start_time,
-            tags=[],
-            run_name=name,
-            run_id=info.run_id,
-            imported_from=mirror.url,
+            run=run,
+            source=mirror.url,
+            summary=summary,
         )
-        summary.runs_created += 1
     if state is None:
         state, _ = MirroredRun.objects.get_or_create(mirror=mirror, link=link)
-    importer._params_tags_copy(link=link, params=data.params, tags=data.tags, summary=summary)
+    importer.params_tags_copy(link=link, params=data.params, tags=data.tags, summary=summary)
     if info.status == "RUNNING" and link.status in importer.ENDED:
         # Resumed on MLflow (start_run(run_id=...)): a new attempt here too, as the API's own
         # resume, so its points form a new segment.
