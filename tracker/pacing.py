@@ -14,45 +14,48 @@ every client keeps its own flush_interval.
 
 from __future__ import annotations
 
-import logging
+import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.cache import cache
 from django.utils import timezone
 
 from tracker.models import Run
 
-logger = logging.getLogger(__name__)
-
-CACHE_KEY = "runcast:pacing:live-runs"
 # The client's default flush interval: up to this, the live runs together stay within budget
 # without being asked anything.
 UNPACED_S = 1.0
-# The count is refreshed at most this often: a count query per batch would cost more than the
-# batches the hint saves.
+# The count is refreshed at most this often, per process: a count query (or a cache round trip)
+# per batch would cost more than the batches the hint saves, and a hint up to 30 s stale is
+# as good as a fresh one.
 COUNT_TTL_S = 30
+
+_lock = threading.Lock()
+_count: tuple[float, int] | None = None  # (time.monotonic() it was counted, live runs)
 
 
 def live_runs() -> int:
-    """Runs that sent a batch recently, cached; 0 when neither the cache nor the count answers."""
-    try:
-        cached = cache.get(CACHE_KEY)
-    except Exception:  # a dead cache must not fail ingestion
-        logger.warning("flush pacing: cache unavailable", exc_info=True)
-        cached = None
-    if isinstance(cached, int):
-        return cached
+    """Runs that sent a batch recently, counted at most once per COUNT_TTL_S in this process."""
+    global _count
+    with _lock:
+        if _count is not None and time.monotonic() - _count[0] < COUNT_TTL_S:
+            return _count[1]
     # Live: sent anything within two of the longest hints (a run slowed to the hint counts).
     window = timedelta(seconds=2 * settings.RUNCAST_FLUSH_INTERVAL_MAX_S + COUNT_TTL_S)
     count = Run.objects.filter(
         status=Run.Status.RUNNING, last_seen_at__gte=timezone.now() - window
     ).count()
-    try:
-        cache.set(CACHE_KEY, count, COUNT_TTL_S)
-    except Exception:
-        logger.warning("flush pacing: cache unavailable", exc_info=True)
+    with _lock:
+        _count = (time.monotonic(), count)
     return count
+
+
+def forget() -> None:
+    """Count afresh on the next batch (tests)."""
+    global _count
+    with _lock:
+        _count = None
 
 
 def flush_interval_hint(live: int | None = None) -> float | None:

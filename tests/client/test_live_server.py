@@ -304,15 +304,13 @@ def test_hostile_create_values_do_not_cost_the_run(live_server, fast_settings, s
 def test_a_paced_client_sends_fewer_larger_batches_and_loses_nothing(
     live_server, fast_settings, settings
 ):
-    from django.core.cache import cache
-
     from tracker import pacing
     from tracker.models import IngestBatch
 
     # One live run against a budget of half a batch a second: the server asks for 2 s.
     settings.RUNCAST_INGEST_BATCHES_PER_S = 0.5
     settings.RUNCAST_FLUSH_INTERVAL_MAX_S = 10.0
-    cache.delete(pacing.CACHE_KEY)
+    pacing.forget()
     client_settings = fast_settings(live_server.url)  # flush_interval 0.05 s of its own
     run = runcast.init(project="live", id="paced-1", settings=client_settings)
     started = time.monotonic()
@@ -323,7 +321,7 @@ def test_a_paced_client_sends_fewer_larger_batches_and_loses_nothing(
         time.sleep(0.01)
     assert run._sender.flush_interval == 2.0
     run.finish()
-    cache.delete(pacing.CACHE_KEY)
+    pacing.forget()
     assert stored("paced-1", "loss").tolist() == list(range(step))
     # ~60 batches at its own 0.05 s; the first answer paces it, then about one per 2 s and the
     # last at finish().
