@@ -121,6 +121,20 @@ def flush_redis(*dbs: int) -> None:
             client.close()
 
 
+def tree_cpu_seconds(root: int, *, reaped: bool = False) -> float:
+    """CPU seconds used by `root` and its live descendants; with `reaped`, also by descendants
+    that exited and were waited for (each process's cutime/cstime: recycled gunicorn workers,
+    closed PostgreSQL backends)."""
+    last = 15 if reaped else 13
+    total = 0
+    for pid in process_tree(root):
+        with suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat") as fh:
+            # utime, stime, cutime, cstime: fields 14-17, counted after the ")" ending the name.
+            fields = fh.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:last])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class TreeRss(threading.Thread):
     """Peak of the summed RSS of a process and all its descendants, sampled every 100 ms."""
 
@@ -144,13 +158,7 @@ class TreeRss(threading.Thread):
         return total
 
     def cpu_seconds(self) -> float:
-        total = 0
-        for pid in self.tree():
-            with suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat") as fh:
-                # utime and stime: fields 14 and 15, counted after the ")" ending the name.
-                fields = fh.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        return tree_cpu_seconds(self.root)
 
     def wait_idle(self, timeout: float, busy: float = 0.1) -> float:
         """Wait until the tree uses under `busy` of a core; return the seconds waited.

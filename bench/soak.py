@@ -146,19 +146,7 @@ def p99(values: list[float]) -> float | None:
 
 
 def tree_cpu_s(roots: list[int]) -> float:
-    """CPU seconds of each root's process tree, with what its exited descendants used (a
-    process's cutime/cstime: recycled gunicorn workers, closed PostgreSQL backends)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for root in roots:
-        for pid in harness.process_tree(root):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            # utime, stime, cutime, cstime (fields 14-17 of proc(5))
-            total += sum(int(v) for v in fields[11:15]) / ticks
-    return total
+    return sum(harness.tree_cpu_seconds(root, reaped=True) for root in roots)
 
 
 def postmaster_pid() -> int:
