@@ -6,6 +6,7 @@ call `forecast_enqueue`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from celery import shared_task
@@ -16,6 +17,7 @@ from django.utils import timezone
 
 from config import sweeps
 from forecasting import retention, selectors
+from tracker import pacing
 
 # `forecasting.compute` and `forecasting.liveness` (the estimators: scipy and pandas;
 # ~100 MB per process) are imported inside the tasks, not here: web workers import this module to
@@ -27,6 +29,23 @@ from forecasting import retention, selectors
 FORECAST_DEBOUNCE_S = 15
 
 
+def forecast_interval(live: int | None = None) -> float:
+    """Seconds between one run's forecasts: FORECAST_DEBOUNCE_S while the live runs' forecasts
+    fit RUNCAST_FORECASTS_PER_S, else live runs / that budget, at most
+    RUNCAST_FORECAST_INTERVAL_MAX_S. A worker that cannot keep every run at 15 s otherwise
+    falls behind on all of them at once: its queue grows and every forecast arrives later by
+    the whole backlog. Slowing each run's cadence first keeps all of them fresh (at most
+    30 s old by default) up to twice as many runs; past that the queue grows again. The count
+    is tracker.pacing's, taken at most every 30 s per process (no query per batch)."""
+    budget = settings.RUNCAST_FORECASTS_PER_S
+    if budget <= 0:
+        return float(FORECAST_DEBOUNCE_S)
+    count = pacing.live_runs() if live is None else live
+    # Whole seconds: the marker's timeout and the task's countdown are both in seconds.
+    paced = math.ceil(count / budget)
+    return float(max(FORECAST_DEBOUNCE_S, min(settings.RUNCAST_FORECAST_INTERVAL_MAX_S, paced)))
+
+
 def _pending_key(run_id: int) -> str:
     return f"runcast:forecast-pending:{run_id}"
 
@@ -36,10 +55,11 @@ def forecast_enqueue(*, run_id: int, immediate: bool = False) -> bool:
     if immediate:
         forecast_run.delay(run_id)
         return True
+    interval = forecast_interval()
     # cache.add is atomic: of all batches in the window, exactly one enqueues.
-    if not cache.add(_pending_key(run_id), 1, timeout=FORECAST_DEBOUNCE_S):
+    if not cache.add(_pending_key(run_id), 1, timeout=int(interval)):
         return False
-    forecast_run.apply_async(args=[run_id], countdown=FORECAST_DEBOUNCE_S)
+    forecast_run.apply_async(args=[run_id], countdown=interval)
     return True
 
 

@@ -324,6 +324,15 @@ RUNCAST_WEB_PROBE_URL = env.str("RUNCAST_WEB_PROBE_URL", default="")
 RUNCAST_INGEST_BATCHES_PER_S = env.float("RUNCAST_INGEST_BATCHES_PER_S", default=100.0)
 RUNCAST_FLUSH_INTERVAL_MAX_S = env.float("RUNCAST_FLUSH_INTERVAL_MAX_S", default=10.0)
 
+# Forecast pacing (forecasting/tasks.py forecast_interval): each live run is forecast every 15 s
+# while live runs / 15 fit RUNCAST_FORECASTS_PER_S, else every live runs / budget seconds, at
+# most RUNCAST_FORECAST_INTERVAL_MAX_S (the freshness a lead is promised under load). The default
+# is what one worker process computes a second (~75 ms a forecast, docs/benchmarks.md
+# "Capacity") with a third spare for the liveness sweep and bursts: raise it with the worker
+# processes. 0: always every 15 s.
+RUNCAST_FORECASTS_PER_S = env.float("RUNCAST_FORECASTS_PER_S", default=8.0)
+RUNCAST_FORECAST_INTERVAL_MAX_S = env.float("RUNCAST_FORECAST_INTERVAL_MAX_S", default=30.0)
+
 # The liveness sweep's period: the `sweep-active-runs` beat entry (config/celery.py) runs this
 # often, and the sweep judges a gap of a few periods in its own ticks as a worker outage.
 RUNCAST_SWEEP_PERIOD_S = env.float("RUNCAST_SWEEP_PERIOD_S", default=60.0)

@@ -10,6 +10,7 @@ import pytest
 from celery.signals import after_task_publish
 from django.conf import settings
 from django.core.cache import cache
+from django.test import override_settings
 from django.utils import timezone
 
 from config.celery import QUEUE_FORECASTING, app
@@ -18,6 +19,7 @@ from forecasting import tasks
 from forecasting.models import Flag, Forecast
 from tests import broker
 from tests.redis_server import free_port
+from tracker import pacing
 from tracker.services import SeriesIn, batch_ingest, from_epoch, run_start
 
 
@@ -79,6 +81,36 @@ def test_it_debounces_forecast_requests(project, monkeypatch):
     assert tasks.forecast_enqueue(run_id=run.pk) is True
     assert tasks.forecast_enqueue(run_id=run.pk) is False
     assert len(calls) == 1 and calls[0]["countdown"] == tasks.FORECAST_DEBOUNCE_S
+
+
+@pytest.mark.django_db
+@override_settings(RUNCAST_FORECASTS_PER_S=2.0, RUNCAST_FORECAST_INTERVAL_MAX_S=30.0)
+def test_many_live_runs_are_forecast_less_often_up_to_the_maximum(project, monkeypatch):
+    calls = []
+    monkeypatch.setattr("forecasting.tasks.forecast_run.apply_async", lambda **kw: calls.append(kw))
+    cache.clear()
+    pacing.forget()
+    runs = [make_run_named(project, f"r{i}") for i in range(41)]
+    try:
+        assert tasks.forecast_enqueue(run_id=runs[0].pk) is True
+        # 41 live runs at 2 forecasts a second: one each 21 s (rounded up), not every 15 s.
+        assert calls[-1]["countdown"] == 21.0
+    finally:
+        pacing.forget()
+    assert tasks.forecast_interval(live=10) == tasks.FORECAST_DEBOUNCE_S  # fits the budget
+    assert tasks.forecast_interval(live=1000) == 30.0  # never past the freshness promised
+    with override_settings(RUNCAST_FORECASTS_PER_S=0):
+        assert tasks.forecast_interval(live=1000) == tasks.FORECAST_DEBOUNCE_S  # pacing off
+
+
+def make_run_named(project, public_id):
+    return run_start(
+        project=project,
+        public_id=public_id,
+        session="s",
+        started_at=timezone.now(),
+        fields={"total_steps": 10_000},
+    ).run
 
 
 @pytest.mark.django_db
