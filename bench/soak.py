@@ -15,7 +15,8 @@ Measured over the level after a warm-up minute:
 - `fresh_share`: of the samples (every 10 s, every running run), the share whose newest forecast
   is at most 30 s old; `forecast_age_p99_s`;
 - `ingest_p99_ms`: gunicorn's own request time (its access log, `%(D)s`) of every batch POST;
-- `board_p99_ms`: a logged-in lead loading the board every 2 s;
+- `board_p99_ms`: a logged-in lead loading the board every 2 s; `board_server_p99_ms`: the
+  same loads as gunicorn timed them (its thread's time, not the wait for a free thread);
 - `cpu_s_per_run_hour` (and `_by` tree): CPU of the web, worker and beat process trees and of
   the PostgreSQL server, exited processes included, per run-hour logged; `bytes_per_run_hour`:
   the database's growth per run-hour.
@@ -200,8 +201,15 @@ class Prober(threading.Thread):
                 self.ages += [float(row[0]) for row in harness.pg_query(DB, FRESHNESS_SQL)]
 
 
-def batch_latencies_ms(logfile: Path, since_line: int) -> list[float]:
-    pattern = re.compile(r"^POST /api/v1/runs/[^/]+/batches 200 (\d+)$")
+BATCH_LINE = re.compile(r"^POST /api/v1/runs/[^/]+/batches 200 (\d+)$")
+# The board as the prober loads it: the time gunicorn's thread spent on it, apart from the wait
+# for a free thread before it (which the prober's own clock adds).
+BOARD_LINE = re.compile(r"^GET / 200 (\d+)$")
+
+
+def batch_latencies_ms(
+    logfile: Path, since_line: int, pattern: re.Pattern[str] = BATCH_LINE
+) -> list[float]:
     out = []
     for line in logfile.read_text(errors="replace").splitlines()[since_line:]:
         match = pattern.match(line.strip())
@@ -310,6 +318,7 @@ def level(runs: int, minutes: float, per_process: int, data: Path) -> dict[str, 
         cpu = sum(cpu_by.values())
         grown = db_bytes() - bytes0
         ingest = batch_latencies_ms(access, access_from)
+        board_server = batch_latencies_ms(access, access_from, BOARD_LINE)
         run_hours = runs * measured_s / 3600.0
         fresh = (
             sum(age <= FRESH_S for age in prober.ages) / len(prober.ages) if prober.ages else 0.0
@@ -331,6 +340,10 @@ def level(runs: int, minutes: float, per_process: int, data: Path) -> dict[str, 
                 round(statistics.median(prober.board_ms), 1) if prober.board_ms else None
             ),
             "board_p99_ms": None if not prober.board_ms else round(p99(prober.board_ms) or 0, 1),
+            "board_server_p50_ms": (
+                round(statistics.median(board_server), 1) if board_server else None
+            ),
+            "board_server_p99_ms": round(p99(board_server) or 0, 1) if board_server else None,
             "cpu_s_per_run_hour": round(cpu / run_hours, 2) if run_hours else None,
             "cpu_s_per_run_hour_by": {
                 name: round(value / run_hours, 2) for name, value in cpu_by.items()
