@@ -77,13 +77,13 @@ def has_rank_timings(*, run: Run) -> bool:
     return RankTimingChunk.objects.filter(run=run).exists()
 
 
-def world_of(*, run: Run) -> int:
-    """How many ranks have reported (from the newest rows; the run's world size if larger)."""
-    seen = (
-        RankTimingChunk.objects.filter(run=run)
-        .order_by("-max_step")
-        .values_list("rank", flat=True)[: MAX_WINDOW_ROWS // 10]
-    )
+def world_of(*, run: Run, through_id: int | None = None) -> int:
+    """How many ranks have reported (from the newest rows; the run's world size if larger);
+    with `through_id`, of the chunks up to that id (those a rollup has folded)."""
+    qs = RankTimingChunk.objects.filter(run=run)
+    if through_id is not None:
+        qs = qs.filter(id__lte=through_id)
+    seen = qs.order_by("-max_step").values_list("rank", flat=True)[: MAX_WINDOW_ROWS // 10]
     return max(len(set(seen)), run.world_size or 0)
 
 
