@@ -562,7 +562,8 @@ class RankTimingBlock(models.Model):
     ranks matrices the forecast's window is cut from, so it reads ~30 rows, not 60,000 chunks.
 
     Packed like the chunks (int64 steps and ranks; float32 seconds, NaN where a rank reported no
-    value; `present` a bit per cell: the rank sent that step, NaN or not). `owner` is, per
+    value, empty where no rank gave that part in the block; `present` a bit per cell: the rank
+    sent that step, NaN or not). `owner` is, per
     cell, the max_step of the chunk its value came from: a step sent twice keeps the chunk later
     in (max_step, id) order, as the raw read does; only the fold reads it. `hosts` and
     `host_steps`, per rank, are the last non-empty host among the chunks whose max_step falls in

@@ -16,9 +16,10 @@ Exactness:
   chunk replaces it when its max_step is at least as high: chunks are folded in id order.
 - A rank's host is the last non-empty host among the window's chunks, kept per block.
 - Concurrent ingest: a chunk's id is drawn before its INSERT commits, so "every chunk with
-  id <= N" is only known folded once no insert that drew an id <= N is still in flight. Ingest
-  holds a shared advisory lock of its run for its (one-INSERT) transaction (`ingest_guard`); the
-  fold takes it exclusively for the one query that reads the newest id, so it waits for the
+  id <= N" is only known folded once no insert that drew an id <= N is still in flight. On
+  PostgreSQL a chunk draws its id under a shared advisory lock of its run, held to its commit
+  (a BEFORE INSERT trigger, migration 0015: no extra statement on the ingest path); the fold
+  takes that lock exclusively for the one query that reads the newest id, so it waits for the
   inserts in flight and no later one can draw a smaller id. SQLite runs one writer at a time.
 - No path deletes single chunks: the run's purge (tracker.bulk.runs_purge) cascades to its
   chunks, blocks and rollup row alike. A future path that deletes chunks must call
@@ -42,25 +43,17 @@ BLOCK_STEPS = 64
 # blocks wholly older than this many steps before the newest are deleted, chunks that old are
 # not folded, and a longer window is read raw.
 ROLLUP_STEPS = 2_000
-# The advisory lock's first key (a PostgreSQL two-key lock: this, then the run's id).
+# The advisory lock's first key (a PostgreSQL two-key lock: this, then the run's id modulo
+# 2^31); the chunk table's trigger takes it with the same keys (migration 0015).
 _LOCK_CLASS = 0x524B5452
 _NONE = np.iinfo(np.int64).min  # owner of a cell no chunk wrote
 _TIMING = np.dtype("<f4")
+_PARTS = ("compute", "wait", "total")
 
 
 def _lock_key(run_id: int) -> int:
     # The second key is an int4: runs whose ids collide modulo 2^31 only wait for each other.
     return int(run_id) % 2**31
-
-
-def ingest_guard(*, run_id: int) -> None:
-    """Called by ingest inside its transaction, before its INSERT (see the module's docstring)."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock_shared(%s, %s)", [_LOCK_CLASS, _lock_key(run_id)]
-        )
 
 
 def _horizon(run: Run, after: int) -> tuple[int | None, int | None]:
@@ -133,10 +126,7 @@ class _Block:
         shape = (self.steps.size, self.ranks.size)
         self.hosts = list(row.hosts)
         self.host_steps = unpack_steps(bytes(row.host_steps))
-        self.parts = [
-            unpack_timings(bytes(getattr(row, name))).reshape(shape)
-            for name in ("compute", "wait", "total")
-        ]
+        self.parts = [_unpack_part(bytes(getattr(row, name)), shape) for name in _PARTS]
         self.owner = np.frombuffer(bytes(row.owner), dtype=np.int64).reshape(shape)
 
     def merge(
@@ -191,9 +181,7 @@ class _Block:
             "ranks": pack_steps(self.ranks),
             "hosts": self.hosts,
             "host_steps": pack_steps(self.host_steps),
-            "compute": self.parts[0].tobytes(),
-            "wait": self.parts[1].tobytes(),
-            "total": self.parts[2].tobytes(),
+            **{name: _pack_part(part) for name, part in zip(_PARTS, self.parts, strict=True)},
             "present": np.packbits(self.owner != _NONE, axis=None).tobytes(),
             "owner": self.owner.tobytes(),
         }
@@ -201,6 +189,18 @@ class _Block:
             RankTimingBlock.objects.create(run=self.run, lo=self.lo, **fields)
         else:
             RankTimingBlock.objects.filter(pk=self.row.pk).update(**fields)
+
+
+def _pack_part(part: np.ndarray) -> bytes:
+    # A part no rank gave in the whole block (total time, when ranks give compute and wait) is
+    # stored empty: a third fewer bytes to send and decode for each window read.
+    return part.tobytes() if not np.isnan(part).all() else b""
+
+
+def _unpack_part(blob: bytes, shape: tuple[int, int]) -> np.ndarray:
+    if not blob:
+        return np.full(shape, np.nan, _TIMING)
+    return unpack_timings(blob).reshape(shape)
 
 
 def _fold(run: Run, rows: list[tuple], floor: int) -> None:
@@ -282,7 +282,9 @@ def _window(rows: list[tuple], *, x0: int, x1: int) -> RankTimings:
         same = k.size == all_ranks.size
         cols = slice(None) if same else np.searchsorted(all_ranks, k)
         for m, i in zip(out, (4, 5, 6), strict=True):
-            m[block, cols] = unpack_timings(bytes(r[i])).reshape(s.size, k.size)
+            blob = bytes(r[i])
+            if blob:  # empty: NaN throughout, as `m` starts
+                m[block, cols] = unpack_timings(blob).reshape(s.size, k.size)
         bits = np.unpackbits(np.frombuffer(bytes(r[7]), np.uint8), count=s.size * k.size)
         present[block, cols] = bits.reshape(s.size, k.size).astype(bool)
         # A host counts when its chunk is in the window (max_step >= x0); blocks are in step

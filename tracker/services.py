@@ -17,7 +17,7 @@ from django.dispatch import Signal
 from django.http import Http404
 from django.utils import timezone
 
-from tracker import rank_rollup, rows, tokens
+from tracker import rows, tokens
 from tracker.models import (
     ApiToken,
     Deadline,
@@ -569,8 +569,6 @@ def rank_timings_ingest(
         return IngestResult(accepted=0, duplicate=False)
     try:
         with transaction.atomic():
-            # Before the INSERT draws its id: the rollup's fold waits for inserts in flight.
-            rank_rollup.ingest_guard(run_id=run.pk)
             RankTimingChunk.objects.create(
                 run=run,
                 session=session,

@@ -3,6 +3,40 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+# A chunk draws its id under a shared advisory lock of its run (first key 0x524B5452, as
+# tracker/rank_rollup.py's _LOCK_CLASS), so the rollup's fold, taking it exclusively, knows that
+# no insert in flight can still commit an id below the newest it sees. A BEFORE trigger runs
+# after the column default drew an id, so the trigger draws the id itself, after the lock (the
+# default's id is left unused). SQLite runs one writer at a time: ids commit in order there.
+LOCK = """
+CREATE FUNCTION tracker_rank_chunk_id() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(1380668498, (NEW.run_id % 2147483648)::integer);
+    NEW.id := nextval('{seq}');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER tracker_rank_chunk_id BEFORE INSERT ON tracker_ranktimingchunk
+    FOR EACH ROW EXECUTE FUNCTION tracker_rank_chunk_id();
+"""
+UNLOCK = """
+DROP TRIGGER IF EXISTS tracker_rank_chunk_id ON tracker_ranktimingchunk;
+DROP FUNCTION IF EXISTS tracker_rank_chunk_id();
+"""
+
+
+def lock_ids(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_serial_sequence('tracker_ranktimingchunk', 'id')")
+        seq = cursor.fetchone()[0]
+        cursor.execute(LOCK.format(seq=seq))
+
+
+def unlock_ids(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(UNLOCK)
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -68,4 +102,5 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.RunPython(lock_ids, unlock_ids),
     ]
