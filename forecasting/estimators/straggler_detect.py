@@ -560,6 +560,7 @@ def scan(
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
+        incs, hs = [], []
         for j in range(n_k):
             if j < ks.size:
                 inc = np.where(ok, dev - ks[j] / ref - slack, 0.0)
@@ -577,7 +578,13 @@ def scan(
             carry = np.where(h_last[j] > 0, h / np.where(h_last[j] > 0, h_last[j], 1.0), 1.0)
             s[j] *= carry
             history[j] *= carry
-            sj, stj = _page(s[j], st[j], inc, a)
+            incs.append(inc)
+            hs.append(h)
+        # The CUSUMs of every k side by side as one wide matrix (k-major, as s and st are laid
+        # out): each column's recursion is its own, in a quarter of the row-by-row passes.
+        s_all, st_all = _page(s.reshape(-1), st.reshape(-1), np.concatenate(incs, axis=1), a)
+        for j in range(n_k):
+            sj, stj, h = s_all[:, j * m : (j + 1) * m], st_all[:, j * m : (j + 1) * m], hs[j]
             # Persistence: an excursion shorter than a few rows is a blip, however tall.
             hit = (sj > h) & (rows - stj >= th.STRAGGLER_PERSIST_ROWS - 1)
             if j < ks.size:
