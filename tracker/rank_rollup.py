@@ -297,7 +297,7 @@ def _copy_rows(data: memoryview) -> list[tuple[memoryview, ...]]:
     pos = len(b"PGCOPY\n\xff\r\n\x00") + 4  # signature, flags
     (extension,) = struct.unpack_from(">i", data, pos)
     pos += 4 + extension
-    rows = []
+    rows: list[tuple[memoryview, ...]] = []
     while True:
         (count,) = struct.unpack_from(">h", data, pos)
         pos += 2
