@@ -15,15 +15,17 @@ one process, each measured as CPU time of this process and, apart, of its Postgr
 * ingest (`rank_timings_ingest`, process and backend CPU) with the chunk table's lock trigger
   and with it disabled, `--ingests` calls each, interleaved.
 
-The last line printed is one JSON object with the ratios against the raw read.
+With `--baseline REV`, the detector as git revision REV had it also runs on the raw window (the
+path before, whole). The last line printed is one JSON object with the ratios.
 
-    .venv/bin/python -m bench.rank_window
+    .venv/bin/python -m bench.rank_window --baseline d2884cd
     .venv/bin/python -m bench.rank_window --ranks 256 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -62,7 +64,24 @@ def backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
+def _detector_at(ref: str) -> Callable[..., Any]:
+    """detect_stragglers as the git revision `ref` had it, loaded beside the current one."""
+    import types
+
+    source = subprocess.run(
+        ["git", "show", f"{ref}:forecasting/estimators/straggler_detect.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module = types.ModuleType("straggler_detect_baseline")
+    sys.modules[module.__name__] = module  # its dataclasses look their module up there
+    exec(compile(source, f"{ref}:straggler_detect.py", "exec"), module.__dict__)  # noqa: S102
+    return module.detect_stragglers  # type: ignore[no-any-return]
+
+
+def measure(ranks: int, rounds: int, ingests: int, baseline: str | None) -> dict[str, Any]:
     import django
 
     django.setup()
@@ -114,9 +133,9 @@ def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
         value = fn()
         return time.process_time() - t, backend_cpu(pid) - b, value
 
-    def detect(w: rank_timings.RankTimings) -> Any:
+    def detect(w: rank_timings.RankTimings, fn: Callable[..., Any] = detect_stragglers) -> Any:
         # As forecasting.stragglers calls it.
-        return detect_stragglers(
+        return fn(
             w.steps,
             w.signal(),
             hosts=w.hosts if any(w.hosts) else None,
@@ -135,10 +154,17 @@ def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
     out["raw_window_shape"] = list(old_window.compute.shape)
     d_cpu, _, old_report = cpu(lambda: detect(old_window))
     out["raw_detect_cpu_s"] = d_cpu
+    if baseline is not None:
+        # The detector as it was at `baseline`, on the same window in the same process.
+        before = _detector_at(baseline)
+        out["baseline"] = baseline
+        b_cpu, _, b_report = cpu(lambda: detect(old_window, before))
+        out["baseline_detect_cpu_s"] = b_cpu
+        out["baseline_same_report"] = b_report.to_dict() == old_report.to_dict()
 
     log("rollup: first build")
-    first = cpu(lambda: rank_rollup.rank_rollup_fold(run=run))
-    out["rollup_build_cpu_s"], out["rollup_build_db_cpu_s"] = first[0], first[1]
+    built = cpu(lambda: rank_rollup.rank_rollup_fold(run=run))
+    out["rollup_build_cpu_s"], out["rollup_build_db_cpu_s"] = built[0], built[1]
 
     log(f"rollup: {rounds} rounds of one more batch of every rank, then the forecast's read")
     reads, dbs, detects = [], [], []
@@ -150,7 +176,7 @@ def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
         r_cpu, r_db, window = cpu(
             lambda: rank_rollup.rank_timings_recent(run=run, last_steps=WINDOW).complete()
         )
-        d_cpu, _, report = cpu(lambda w=window: detect(w))
+        d_cpu, _, report = cpu(functools.partial(detect, window))
         reads.append(r_cpu)
         dbs.append(r_db)
         detects.append(d_cpu)
@@ -179,6 +205,18 @@ def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
         )
     )
 
+    out |= _ingest_cost(run, pid, ingests)
+    return _ratios(out, baseline)
+
+
+def _ingest_cost(run: Any, pid: int, ingests: int) -> dict[str, float]:
+    """CPU per rank_timings_ingest call with the chunk table's lock trigger and without it."""
+    import numpy as np
+    from django.db import connection
+
+    from tracker import services
+
+    out: dict[str, float] = {}
     log(f"ingest: {ingests} calls with the chunk table's lock trigger, {ingests} without")
     steps = np.arange(10**7, 10**7 + BATCH)
     timings = services.RankTimingsIn(
@@ -206,14 +244,22 @@ def measure(ranks: int, rounds: int, ingests: int) -> dict[str, Any]:
     out["ingest_lock_ratio"] = (out["ingest_with_lock_us"] + out["ingest_with_lock_db_us"]) / (
         out["ingest_without_lock_us"] + out["ingest_without_lock_db_us"]
     )
+    return out
 
+
+def _ratios(out: dict[str, Any], baseline: str | None) -> dict[str, Any]:
     out["raw_total_cpu_s"] = out["raw_read_cpu_s"] + out["raw_detect_cpu_s"]
+    if baseline is not None:
+        out["before_total_cpu_s"] = out["raw_read_cpu_s"] + out["baseline_detect_cpu_s"]
     out["rollup_total_cpu_s"] = out["rollup_read_cpu_s"] + out["rollup_detect_cpu_s"]
     out["read_ratio"] = out["rollup_read_cpu_s"] / out["raw_read_cpu_s"]
     out["read_with_db_ratio"] = (out["rollup_read_cpu_s"] + out["rollup_read_db_cpu_s"]) / (
         out["raw_read_cpu_s"] + out["raw_read_db_cpu_s"]
     )
     out["total_ratio"] = out["rollup_total_cpu_s"] / out["raw_total_cpu_s"]
+    if baseline is not None:
+        out["detect_ratio_vs_baseline"] = out["raw_detect_cpu_s"] / out["baseline_detect_cpu_s"]
+        out["total_ratio_vs_before"] = out["rollup_total_cpu_s"] / out["before_total_cpu_s"]
     return out
 
 
@@ -222,10 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ingests", type=int, default=2000, help="ingest calls per mode")
+    parser.add_argument(
+        "--baseline", help="also time detect_stragglers as this git revision had it (e.g. main)"
+    )
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
-        print(json.dumps(measure(args.ranks, args.rounds, args.ingests)))
+        print(json.dumps(measure(args.ranks, args.rounds, args.ingests, args.baseline)))
         return 0
     cleanup = Cleanup()
     try:
@@ -256,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         f" without {result['ingest_without_lock_us']:.0f}"
         f" + {result['ingest_without_lock_db_us']:.0f} µs"
     )
+    if "baseline" in result:
+        print(
+            f"detector at {result['baseline']} on the raw window:"
+            f" {1000 * result['baseline_detect_cpu_s']:.0f} ms (same report:"
+            f" {result['baseline_same_report']}); before (raw read + that detector)"
+            f" {result['before_total_cpu_s']:.2f} s, now {result['rollup_total_cpu_s']:.2f} s"
+        )
     print(json.dumps(result))
     return 0
 
