@@ -19,6 +19,7 @@ import numpy as np
 
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import plain
+from forecasting.estimators.rowwise import accumulate_down, flat_nanmedian, nanmedian, running_sums
 
 
 @dataclass(frozen=True)
@@ -111,88 +112,6 @@ def _validate(
     return steps, compute, extra[0], extra[1]
 
 
-def _median(a: np.ndarray, axis: int | None = None) -> Any:
-    """np.median of a NaN-free 1-D or 2-D float array (over axis, or all of it), to the bit.
-
-    np.median partitions at both middles at once, which numpy does ~4x slower than one
-    partition: this partitions at the upper middle only and takes the lower middle as the
-    largest value below it (the same order statistic), then (lower + upper) / 2 as np.median's
-    mean of the two does. Columns are partitioned as contiguous rows of the transpose.
-    """
-    a = np.asarray(a, dtype=float)
-    if axis is None:
-        a = a.reshape(-1)
-    elif a.ndim == 2 and axis == 0:
-        a = np.ascontiguousarray(a.T)
-    elif not (a.ndim == 2 and axis == 1) and a.ndim != 1:
-        return np.median(a, axis=axis)
-    n = a.shape[-1]
-    if n == 0:
-        return np.median(a, axis=-1)
-    h = n // 2
-    part = np.partition(a, h, axis=-1)
-    upper = part[..., h]
-    if n % 2:
-        return upper
-    return (part[..., :h].max(axis=-1) + upper) / 2.0
-
-
-def _flat_nanmedian(a: np.ndarray) -> float:
-    """np.nanmedian(a) (all of it): the median of its non-NaN values, NaN if none."""
-    a = np.asarray(a, dtype=float).reshape(-1)
-    kept = a[~np.isnan(a)]
-    return float(_median(kept)) if kept.size else float("nan")
-
-
-def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
-    """np.nanmedian along one axis of a 2-D array, without its slow masked-array path: sort
-    (NaN last) and take the middle of the finite values."""
-    a = np.asarray(a, dtype=float)
-    missing = np.isnan(a)
-    if not missing.any():
-        return _median(a, axis=axis)
-    if a.ndim == 2 and axis == 0 and a.shape[1] >= _ROWWISE_MIN_COLUMNS:
-        # Each column sorted as a contiguous row of the transpose: the same values, faster.
-        return nanmedian(np.ascontiguousarray(a.T), axis=1)
-    srt = np.sort(a, axis=axis)
-    count = np.sum(~missing, axis=axis, keepdims=True)
-    lo = np.take_along_axis(srt, np.clip((count - 1) // 2, 0, None), axis=axis)
-    hi = np.take_along_axis(srt, np.clip(count // 2, 0, None), axis=axis)
-    out = np.where(count > 0, (lo + hi) / 2.0, np.nan)
-    return np.squeeze(out, axis=axis)
-
-
-# Accumulating along the first axis of a C-ordered matrix, numpy walks each column down,
-# striding through memory: at 1,024 columns that is ~8x slower than adding whole rows. Row by
-# row performs the same additions in the same order, so the result is the same to the bit;
-# under ~256 columns numpy's own loop is as fast (and a Python loop over rows is not).
-_ROWWISE_MIN_COLUMNS = 256
-
-
-def _accumulate0(
-    ufunc: np.ufunc, a: np.ndarray, *, dtype: Any = None, out: np.ndarray | None = None
-) -> np.ndarray:
-    """`ufunc.accumulate(a, axis=0, dtype=dtype)` (into `out` if given), row by row when wide."""
-    a = np.asarray(a)
-    if a.ndim != 2 or a.shape[1] < _ROWWISE_MIN_COLUMNS or a.shape[0] < 2:
-        return ufunc.accumulate(a, axis=0, dtype=dtype, out=out)
-    if out is None:
-        out = np.empty(a.shape, dtype=dtype if dtype is not None else a.dtype)
-    out[0] = a[0]
-    for i in range(1, a.shape[0]):
-        ufunc(out[i - 1], a[i], out=out[i])
-    return out
-
-
-def _running_sums(a: np.ndarray, *, dtype: Any = None) -> np.ndarray:
-    """`concatenate((zeros((1, m)), cumsum(a, axis=0, dtype=dtype)))`: sums of the first i rows."""
-    out = np.empty((a.shape[0] + 1, a.shape[1]), dtype=dtype if dtype is not None else a.dtype)
-    out[0] = 0.0
-    if a.shape[0]:
-        _accumulate0(np.add, a, dtype=dtype, out=out[1:])
-    return out
-
-
 @dataclass
 class Scan:
     """A causal CUSUM scan of series (rows x series): what a detector called at each row saw.
@@ -224,7 +143,7 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
     mean_sq = np.full_like(out, np.nan)
     longrun = point * th.STRAGGLER_LONGRUN_MIN_FACTOR
     filled = np.where(np.isfinite(dev), dev, 0.0)
-    csum = _running_sums(filled)
+    csum = running_sums(filled)
     for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
         if dev.shape[0] >= th.STRAGGLER_MEASURED_BLOCKS * b:
             # Overlapping means are strongly correlated: every quarter block is as good as all,
@@ -240,7 +159,7 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
             longrun = np.fmax(longrun, spread * np.sqrt(b))
             # Winsorised at a few of the pooled MADs: a moderate heavy tail is noise a CUSUM
             # must beat, a straggler episode in the history (job 1's rank 6) is not.
-            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * _flat_nanmedian(np.abs(centred))
+            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * flat_nanmedian(np.abs(centred))
             mean_sq[i] = np.nanmean(np.clip(centred, -cut, cut) ** 2, axis=0) * b
         elif i > 0:
             # Too few rows for this block: extrapolate (STRAGGLER_NOISE_GROWTH_EXP says why
@@ -404,12 +323,12 @@ def _page(
     With D = s0 + cumsum(inc), S = D - min(0, running min of D); the excursion starts after the
     last row where S was 0.
     """
-    d = s0 + _accumulate0(np.add, inc)
-    low = np.minimum(_accumulate0(np.minimum, d), 0.0)
+    d = s0 + accumulate_down(np.add, inc)
+    low = np.minimum(accumulate_down(np.minimum, d), 0.0)
     s = d - low
     rows = np.arange(row0, row0 + inc.shape[0])[:, None]
     zero_at = np.where(s <= 0.0, rows + 1, -1)
-    last_zero = _accumulate0(np.maximum, zero_at)
+    last_zero = accumulate_down(np.maximum, zero_at)
     start = np.where(last_zero >= 0, last_zero, start0)
     return s, start
 
@@ -521,8 +440,8 @@ def scan(
     # Running sums of x (a missing cell adds nothing) give the mean of any excursion in O(1):
     # an alarm needs the rank to be slower than the median rank over its excursion.
     seen = np.isfinite(x)
-    csum_x = _running_sums(np.where(seen, x, 0.0))
-    csum_n = _running_sums(seen, dtype=float)
+    csum_x = running_sums(np.where(seen, x, 0.0))
+    csum_n = running_sums(seen, dtype=float)
     first = min(n, th.STRAGGLER_MIN_ROWS)
     fill_scale(0, first, nanmedian(x[:first], axis=0))
     cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
