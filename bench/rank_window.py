@@ -91,7 +91,7 @@ def measure(ranks: int, rounds: int, ingests: int, baseline: str | None) -> dict
     from django.db import connection
 
     from forecasting.estimators.straggler_detect import detect_stragglers
-    from tracker import rank_rollup, rank_timings, services
+    from tracker import rank_timings, services
     from tracker.models import Project, RankTimingChunk
     from tracker.series import pack_steps, pack_timings
 
@@ -165,7 +165,7 @@ def measure(ranks: int, rounds: int, ingests: int, baseline: str | None) -> dict
         out["baseline_same_report"] = b_report.to_dict() == old_report.to_dict()
 
     log("rollup: first build")
-    built = cpu(lambda: rank_rollup.rank_rollup_fold(run=run))
+    built = cpu(lambda: rank_timings.rank_rollup_fold(run=run))
     out["rollup_build_cpu_s"], out["rollup_build_db_cpu_s"] = built[0], built[1]
 
     log(f"rollup: {rounds} rounds of one more batch of every rank, then the forecast's read")
@@ -176,7 +176,7 @@ def measure(ranks: int, rounds: int, ingests: int, baseline: str | None) -> dict
         RankTimingChunk.objects.bulk_create(batch(top, top // BATCH + 1), batch_size=2_000)
         top += BATCH
         r_cpu, r_db, window = cpu(
-            lambda: rank_rollup.rank_timings_recent(run=run, last_steps=WINDOW).complete()
+            lambda: rank_timings.rank_timings_recent(run=run, last_steps=WINDOW).complete()
         )
         d_cpu, _, report = cpu(functools.partial(detect, window))
         reads.append(r_cpu)

@@ -23,7 +23,7 @@ from forecasting.estimators.eta import EtaForecast
 from forecasting.estimators.straggler_detect import Straggler, StragglerReport, detect_stragglers
 from forecasting.models import Flag, Forecast
 from forecasting.store import forecast_store
-from tracker import rank_rollup
+from tracker import rank_timings
 from tracker.models import Run
 
 
@@ -74,7 +74,7 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
     Runs whose ranks send no timings cost one indexed query.
     """
     # From the rollup (folded here first): a few block rows, not every rank's chunks.
-    timings = rank_rollup.rank_timings_recent(
+    timings = rank_timings.rank_timings_recent(
         run=run, last_steps=th.STRAGGLER_WINDOW_STEPS
     ).complete()
     if timings.empty:

@@ -541,7 +541,7 @@ class RankTimingChunk(models.Model):
 
 
 class RankTimingRollup(models.Model):
-    """How far a run's rank timings are folded into its `RankTimingBlock`s (tracker/rank_rollup.py).
+    """How far a run's rank timings are folded into its `RankTimingBlock`s (rank_timings.py).
 
     Every chunk of the run with id <= `through_id` is in the blocks, except those wholly below
     `floor_step` (no window the rollup serves starts that low). One row per run, locked by the

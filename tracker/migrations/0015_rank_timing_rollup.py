@@ -6,7 +6,7 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 # A chunk draws its id under a shared advisory lock of its run (first key 0x524B5452, as
-# tracker/rank_rollup.py's _LOCK_CLASS), so the rollup's fold, taking it exclusively, knows that
+# tracker/rank_timings.py's _LOCK_CLASS), so the rollup's fold, taking it exclusively, knows that
 # no insert in flight can still commit an id below the newest it sees. A BEFORE trigger runs
 # after the column default drew an id, so the trigger draws the id itself, after the lock (the
 # default's id is left unused). SQLite runs one writer at a time: ids commit in order there.

@@ -10,10 +10,14 @@ import pytest
 from django.db import connection, transaction
 
 from forecasting.estimators import thresholds as th
-from tracker import rank_rollup
+from tracker import rank_timings
 from tracker.models import RankTimingBlock, RankTimingChunk, RankTimingRollup, Run
-from tracker.rank_rollup import rank_rollup_fold, rank_timings_recent
-from tracker.rank_timings import RankTimings, rank_timings_window
+from tracker.rank_timings import (
+    RankTimings,
+    rank_rollup_fold,
+    rank_timings_recent,
+    rank_timings_window,
+)
 from tracker.services import RankTimingsIn, from_epoch, rank_timings_ingest, run_start
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +99,7 @@ def test_it_equals_the_raw_read_as_chunks_arrive(project):
     # Folded incrementally: each fold read only the chunks after the last one.
     state = RankTimingRollup.objects.get(run=run)
     assert state.through_id == RankTimingChunk.objects.filter(run=run).order_by("-id")[0].id
-    assert RankTimingBlock.objects.filter(run=run).count() == -(-340 // rank_rollup.BLOCK_STEPS)
+    assert RankTimingBlock.objects.filter(run=run).count() == -(-340 // rank_timings.BLOCK_STEPS)
 
 
 def test_a_resent_step_keeps_the_value_the_raw_read_keeps(project):
@@ -156,9 +160,9 @@ def test_old_blocks_go_and_a_longer_window_is_read_raw(project):
     batches(run, range(3), 0, 2_600, size=100)
     check(run)
     state = RankTimingRollup.objects.get(run=run)
-    assert state.floor_step == 2_600 - rank_rollup.ROLLUP_STEPS
+    assert state.floor_step == 2_600 - rank_timings.ROLLUP_STEPS
     lows = RankTimingBlock.objects.filter(run=run).values_list("lo", flat=True)
-    assert min(lows) > state.floor_step - rank_rollup.BLOCK_STEPS
+    assert min(lows) > state.floor_step - rank_timings.BLOCK_STEPS
     check(run, last_steps=2_500)  # beyond the rollup: the raw read, the same answer
     # A late chunk wholly below the floor changes no window the rollup serves.
     send(run, 1, range(0, 100), session="late", compute=np.full(100, 9.0))
@@ -178,13 +182,13 @@ def test_a_reset_rollup_is_rebuilt_from_the_chunks(project):
     run = make_run(project, world=3)
     batches(run, range(3), 0, 150)
     check(run)
-    rank_rollup.rank_rollup_reset(run=run)
+    rank_timings.rank_rollup_reset(run=run)
     assert not RankTimingBlock.objects.filter(run=run).exists()
     check(run)
 
 
 def test_the_rollup_serves_the_detectors_window():
-    assert th.STRAGGLER_WINDOW_STEPS <= rank_rollup.ROLLUP_STEPS
+    assert th.STRAGGLER_WINDOW_STEPS <= rank_timings.ROLLUP_STEPS
 
 
 @pytest.mark.django_db(transaction=True)
