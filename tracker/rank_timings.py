@@ -297,9 +297,12 @@ def _horizon(run: Run, after: int) -> tuple[int | None, int | None]:
         if postgres:
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", key)
         try:
-            got = RankTimingChunk.objects.filter(run=run, id__gt=after).aggregate(
-                last=Max("id"), top=Max("max_step")
-            )
+            # In a savepoint: a failed query must leave the transaction able to unlock (a
+            # session lock outlives it, and every insert of this run would wait on it).
+            with transaction.atomic():
+                got = RankTimingChunk.objects.filter(run=run, id__gt=after).aggregate(
+                    last=Max("id"), top=Max("max_step")
+                )
         finally:
             if postgres:
                 cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)

@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models.query import QuerySet
 
 from forecasting.estimators import thresholds as th
 from tracker import rank_timings
@@ -243,3 +244,28 @@ def test_a_fold_waits_for_an_insert_in_flight_with_a_smaller_id(project):
     assert got.steps[-1] == 40
     assert got.compute[-1, 0] == np.float32(7.0)
     assert_same(got, rank_timings_window(run=run, last_steps=100))
+
+
+def test_a_failed_fold_leaves_no_lock_behind(project, monkeypatch):
+    """The fold's lock is a session's: held past a failed query, every insert of the run
+    (whose ids are drawn under it) would wait until the worker's connection closed."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the lock is PostgreSQL's")
+    run = make_run(project, world=3)
+    batches(run, range(3), 0, 20)
+
+    def failing(*args, **kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+
+    monkeypatch.setattr(QuerySet, "aggregate", failing)
+    with pytest.raises(DatabaseError):
+        rank_rollup_fold(run=run)
+    monkeypatch.undo()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND pid = pg_backend_pid() AND mode = 'ExclusiveLock'"
+        )
+        assert cursor.fetchone()[0] == 0
+    check(run)
