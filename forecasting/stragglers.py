@@ -73,7 +73,8 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
 
     Runs whose ranks send no timings cost one indexed query.
     """
-    timings = rank_timings.rank_timings_window(
+    # From the rollup (folded here first): a few block rows, not every rank's chunks.
+    timings = rank_timings.rank_timings_recent(
         run=run, last_steps=th.STRAGGLER_WINDOW_STEPS
     ).complete()
     if timings.empty:

@@ -540,6 +540,57 @@ class RankTimingChunk(models.Model):
         return f"{self.run} rank {self.rank} steps {self.min_step}-{self.max_step}"
 
 
+class RankTimingRollup(models.Model):
+    """How far a run's rank timings are folded into its `RankTimingBlock`s (rank_timings.py).
+
+    Every chunk of the run with id <= `through_id` is in the blocks, except those wholly below
+    `floor_step` (no window the rollup serves starts that low). One row per run, locked by the
+    fold: it is the claim that makes two folds of one run take turns.
+    """
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="rank_rollup")
+    through_id = models.BigIntegerField(default=0)
+    top_step = models.BigIntegerField(null=True, blank=True)  # newest step folded
+    floor_step = models.BigIntegerField(null=True, blank=True)  # blocks are exact from here up
+
+    def __str__(self) -> str:
+        return f"{self.run} rank rollup through chunk {self.through_id}"
+
+
+class RankTimingBlock(models.Model):
+    """Every rank's timings over BLOCK_STEPS steps [lo, lo + BLOCK_STEPS) of a run: the steps x
+    ranks matrices the forecast's window is cut from, so it reads ~30 rows, not 60,000 chunks.
+
+    Packed like the chunks (int64 steps and ranks; float32 seconds, NaN where a rank reported no
+    value, empty where no rank gave that part in the block; `present` a bit per cell: the rank
+    sent that step, NaN or not). `owner` is, per
+    cell, the max_step of the chunk its value came from: a step sent twice keeps the chunk later
+    in (max_step, id) order, as the raw read does; only the fold reads it. `hosts` and
+    `host_steps`, per rank, are the last non-empty host among the chunks whose max_step falls in
+    this block and that chunk's max_step (the int64 minimum: none).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rank_blocks")
+    lo = models.BigIntegerField()
+    steps = models.BinaryField()
+    ranks = models.BinaryField()
+    hosts = models.JSONField(default=list)
+    host_steps = models.BinaryField()
+    compute = models.BinaryField()
+    wait = models.BinaryField()
+    total = models.BinaryField()
+    present = models.BinaryField()
+    owner = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "lo"], name="rank_timing_block_unique_lo")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run} rank timings from step {self.lo}"
+
+
 # GPU telemetry (hosts, agent batches, processes, episodes) lives in tracker/gpu/; imported here
 # so that its models are registered in this app.
 from tracker.gpu.models import (  # noqa: E402, F401

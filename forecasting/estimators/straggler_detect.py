@@ -19,6 +19,7 @@ import numpy as np
 
 from forecasting.estimators import thresholds as th
 from forecasting.estimators.jsonable import plain
+from forecasting.estimators.rowwise import accumulate_down, flat_nanmedian, nanmedian, running_sums
 
 
 @dataclass(frozen=True)
@@ -111,21 +112,6 @@ def _validate(
     return steps, compute, extra[0], extra[1]
 
 
-def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
-    """np.nanmedian along one axis of a 2-D array, without its slow masked-array path: sort
-    (NaN last) and take the middle of the finite values."""
-    a = np.asarray(a, dtype=float)
-    missing = np.isnan(a)
-    if not missing.any():
-        return np.median(a, axis=axis)
-    srt = np.sort(a, axis=axis)
-    count = np.sum(~missing, axis=axis, keepdims=True)
-    lo = np.take_along_axis(srt, np.clip((count - 1) // 2, 0, None), axis=axis)
-    hi = np.take_along_axis(srt, np.clip(count // 2, 0, None), axis=axis)
-    out = np.where(count > 0, (lo + hi) / 2.0, np.nan)
-    return np.squeeze(out, axis=axis)
-
-
 @dataclass
 class Scan:
     """A causal CUSUM scan of series (rows x series): what a detector called at each row saw.
@@ -157,7 +143,7 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
     mean_sq = np.full_like(out, np.nan)
     longrun = point * th.STRAGGLER_LONGRUN_MIN_FACTOR
     filled = np.where(np.isfinite(dev), dev, 0.0)
-    csum = np.concatenate((np.zeros((1, dev.shape[1])), np.cumsum(filled, axis=0)), axis=0)
+    csum = running_sums(filled)
     for i, b in enumerate(th.STRAGGLER_BLOCK_ROWS):
         if dev.shape[0] >= th.STRAGGLER_MEASURED_BLOCKS * b:
             # Overlapping means are strongly correlated: every quarter block is as good as all,
@@ -173,7 +159,7 @@ def _longrun_noise(dev: np.ndarray, point: np.ndarray) -> tuple[np.ndarray, np.n
             longrun = np.fmax(longrun, spread * np.sqrt(b))
             # Winsorised at a few of the pooled MADs: a moderate heavy tail is noise a CUSUM
             # must beat, a straggler episode in the history (job 1's rank 6) is not.
-            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * float(np.nanmedian(np.abs(centred)))
+            cut = th.STRAGGLER_WINSOR_MADS * 1.4826 * flat_nanmedian(np.abs(centred))
             mean_sq[i] = np.nanmean(np.clip(centred, -cut, cut) ** 2, axis=0) * b
         elif i > 0:
             # Too few rows for this block: extrapolate (STRAGGLER_NOISE_GROWTH_EXP says why
@@ -275,14 +261,17 @@ def _level(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
         at = np.linspace(0, n - 1, th.STRAGGLER_LEVEL_MAX_ROWS).astype(int)
         x, scale = x[at], scale[at]
     w = 1.0 / np.fmax(scale, th.STRAGGLER_MIN_NOISE) ** 2
-    order = np.argsort(x, axis=0)  # NaN last
-    xs = np.take_along_axis(x, order, axis=0)
+    # Column by column as rows of the transpose: the same sorts and running sums, each over
+    # contiguous memory.
+    xt = np.ascontiguousarray(x.T)
+    order = np.argsort(xt, axis=1)  # NaN last
+    xs = np.take_along_axis(xt, order, axis=1)
     ws = np.where(np.isfinite(xs), w[order], 0.0)
-    cw = np.cumsum(ws, axis=0)
-    half = cw[-1:] / 2.0
-    i = np.clip(np.sum(cw < half, axis=0, keepdims=True), 0, x.shape[0] - 1)
-    out = np.take_along_axis(xs, i, axis=0)[0]
-    return np.where(cw[-1] > 0, out, np.nan)
+    cw = np.cumsum(ws, axis=1)
+    half = cw[:, -1:] / 2.0
+    i = np.clip(np.sum(cw < half, axis=1, keepdims=True), 0, x.shape[0] - 1)
+    out = np.take_along_axis(xs, i, axis=1)[:, 0]
+    return np.where(cw[:, -1] > 0, out, np.nan)
 
 
 def _level_and_noise(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -334,12 +323,12 @@ def _page(
     With D = s0 + cumsum(inc), S = D - min(0, running min of D); the excursion starts after the
     last row where S was 0.
     """
-    d = s0 + np.cumsum(inc, axis=0)
-    low = np.minimum(np.minimum.accumulate(d, axis=0), 0.0)
+    d = s0 + accumulate_down(np.add, inc)
+    low = np.minimum(accumulate_down(np.minimum, d), 0.0)
     s = d - low
     rows = np.arange(row0, row0 + inc.shape[0])[:, None]
     zero_at = np.where(s <= 0.0, rows + 1, -1)
-    last_zero = np.maximum.accumulate(zero_at, axis=0)
+    last_zero = accumulate_down(np.maximum, zero_at)
     start = np.where(last_zero >= 0, last_zero, start0)
     return s, start
 
@@ -383,8 +372,11 @@ def _slower_than_median(
     not hold the job up: a change, not a straggler (the trace's labels ask the same, r > 1).
     """
     lo = np.clip(start, 0, csum_x.shape[0] - 1)
-    total = csum_x[a + 1 : e + 1] - np.take_along_axis(csum_x, lo, axis=0)
-    count = csum_n[a + 1 : e + 1] - np.take_along_axis(csum_n, lo, axis=0)
+    # take_along_axis(csum, lo, axis=0), as one gather from the flat arrays (both are C-ordered
+    # (rows + 1, m)): the same cells, without building broadcast index grids twice.
+    at = lo * csum_x.shape[1] + np.arange(csum_x.shape[1])
+    total = csum_x[a + 1 : e + 1] - csum_x.reshape(-1)[at]
+    count = csum_n[a + 1 : e + 1] - csum_n.reshape(-1)[at]
     return total > 0.0 * count
 
 
@@ -448,9 +440,8 @@ def scan(
     # Running sums of x (a missing cell adds nothing) give the mean of any excursion in O(1):
     # an alarm needs the rank to be slower than the median rank over its excursion.
     seen = np.isfinite(x)
-    zero = np.zeros((1, m))
-    csum_x = np.concatenate((zero, np.cumsum(np.where(seen, x, 0.0), axis=0)), axis=0)
-    csum_n = np.concatenate((zero, np.cumsum(seen, axis=0, dtype=float)), axis=0)
+    csum_x = running_sums(np.where(seen, x, 0.0))
+    csum_n = running_sums(seen, dtype=float)
     first = min(n, th.STRAGGLER_MIN_ROWS)
     fill_scale(0, first, nanmedian(x[:first], axis=0))
     cuts = np.unique(np.linspace(first, n, th.STRAGGLER_CHECKPOINTS + 1).astype(int))
@@ -488,6 +479,7 @@ def scan(
         rows = np.arange(a, e)[:, None]
         seg_above = np.zeros((e - a, m), dtype=bool)
         seg_start = np.full((e - a, m), -1, dtype=np.int64)
+        incs, hs = [], []
         for j in range(n_k):
             if j < ks.size:
                 inc = np.where(ok, dev - ks[j] / ref - slack, 0.0)
@@ -505,7 +497,13 @@ def scan(
             carry = np.where(h_last[j] > 0, h / np.where(h_last[j] > 0, h_last[j], 1.0), 1.0)
             s[j] *= carry
             history[j] *= carry
-            sj, stj = _page(s[j], st[j], inc, a)
+            incs.append(inc)
+            hs.append(h)
+        # The CUSUMs of every k side by side as one wide matrix (k-major, as s and st are laid
+        # out): each column's recursion is its own, in a quarter of the row-by-row passes.
+        s_all, st_all = _page(s.reshape(-1), st.reshape(-1), np.concatenate(incs, axis=1), a)
+        for j in range(n_k):
+            sj, stj, h = s_all[:, j * m : (j + 1) * m], st_all[:, j * m : (j + 1) * m], hs[j]
             # Persistence: an excursion shorter than a few rows is a blip, however tall.
             hit = (sj > h) & (rows - stj >= th.STRAGGLER_PERSIST_ROWS - 1)
             if j < ks.size:
@@ -540,14 +538,26 @@ class _Job:
     comm: np.ndarray  # per row, what the job spends beyond the slowest compute (0 if unknown)
 
 
+def _order(steps: np.ndarray) -> np.ndarray | None:
+    """The rows in step order (stable), or None when they are in it already (the usual case:
+    no 16 MB copies of a 2,000 x 1,024 window)."""
+    if steps.size < 2 or bool(np.all(steps[1:] >= steps[:-1])):
+        return None
+    return np.argsort(steps, kind="stable")
+
+
+def _rows(a: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    return a if order is None else a[order]
+
+
 def _prepare(
     steps: np.ndarray,
     compute: np.ndarray,
     wait: np.ndarray | None,
     total: np.ndarray | None,
 ) -> _Job:
-    order = np.argsort(steps, kind="stable")
-    steps, compute = steps[order], compute[order]
+    order = _order(steps)
+    steps, compute = _rows(steps, order), _rows(compute, order)
     compute = np.where(np.isfinite(compute) & (compute > 0), compute, np.nan)
     n, n_ranks = compute.shape
     reporting = np.isfinite(compute).sum(axis=1)
@@ -563,9 +573,10 @@ def _prepare(
         warnings.simplefilter("ignore", RuntimeWarning)
         slowest = np.nanmax(compute, axis=1)
         if total is not None:
-            whole = nanmedian(total[order], axis=1)
+            whole = nanmedian(_rows(total, order), axis=1)
         elif wait is not None:
-            whole = nanmedian(compute + np.where(np.isfinite(wait[order]), wait[order], 0), axis=1)
+            w = _rows(wait, order)
+            whole = nanmedian(compute + np.where(np.isfinite(w), w, 0), axis=1)
         else:
             whole = slowest
     comm = np.clip(np.nan_to_num(whole - slowest), 0.0, None)
@@ -722,7 +733,7 @@ def detect_stragglers(
     n, n_ranks = compute.shape
     if n < th.STRAGGLER_MIN_ROWS + 2 or n_ranks < 3:
         return EMPTY
-    order = np.argsort(steps, kind="stable")
+    order = _order(steps)
     job = _prepare(steps, compute, wait, total)
     groups = _host_groups(hosts, n_ranks)
     per_day = rows_per_day if rows_per_day is not None else 86400.0 / th.STRAGGLER_DEFAULT_ROW_S
@@ -747,7 +758,7 @@ def detect_stragglers(
         found.append(s)
         covered.add(r)
     if wait is not None:
-        for r, share, onset in _last_arrivals(job, wait[order], covered):
+        for r, share, onset in _last_arrivals(job, _rows(wait, order), covered):
             ev = {"test": "last_arrival", "share_last": share}
             level = float(rs.level[r]) if np.isfinite(rs.level[r]) else 0.0
             found.append(
