@@ -245,16 +245,24 @@ def at_rated_power(series: Series, injection: Injection, injected: np.ndarray) -
 
 
 def unexplained(
-    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+    run: LoadedRun,
+    index: int,
+    w: np.ndarray,
+    peers: np.ndarray | None,
+    profile: ga.PeerProfile | None = None,
 ) -> list[ga.Episode]:
-    return [e for e in episodes(run, index, w, peers) if not e.explained]
+    return [e for e in episodes(run, index, w, peers, profile) if not e.explained]
 
 
 def episodes(
-    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+    run: LoadedRun,
+    index: int,
+    w: np.ndarray,
+    peers: np.ndarray | None,
+    profile: ga.PeerProfile | None = None,
 ) -> list[ga.Episode]:
     s = run.series[index]
-    return ga.find_episodes(s.t, w, run.events, peers=peers)
+    return ga.find_episodes(s.t, w, run.events, peers=peers, profile=profile)
 
 
 def seen(found: list[ga.Episode], injection: Injection) -> str:
@@ -271,13 +279,26 @@ def seen(found: list[ga.Episode], injection: Injection) -> str:
     )
 
 
-def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: str = "") -> dict:
+def evaluate_run(
+    run: LoadedRun,
+    rng: np.random.Generator,
+    trials: int,
+    system: str = "",
+    profiles: dict[tuple[str, int], ga.PeerProfile] | None = None,
+) -> dict:
+    """Score one run. With `profiles` (--carry), each series is judged with what its node's
+    earlier runs of this system taught (ga.PeerProfile), and this run is added to it only
+    after it was scored: the unmodified readings, as production would have seen them."""
     peers = [peers_for(run, i) for i in range(len(run.series))]
+    own = [
+        profiles.setdefault((system, s.node), ga.PeerProfile()) if profiles is not None else None
+        for s in run.series
+    ]
     clean_alarms: list[tuple[int, ga.Episode]] = []
     hours = 0.0
     for i, s in enumerate(run.series):
         hours += (s.t[-1] - s.t[0]) / 3600.0
-        clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i])]
+        clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i], own[i])]
     results = []
     void: list[str] = []
     plan = [("burst", c) for c in ("train", "eval", "idle")] + [("throttle", "train")]
@@ -291,7 +312,9 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: 
         if at_rated_power(s, injection, injected):
             void.append(f"{s.node}@{injection.start:.0f}s")
             continue
-        found = episodes(run, injection.series, injected, peers[injection.series])
+        found = episodes(
+            run, injection.series, injected, peers[injection.series], own[injection.series]
+        )
         alarms = [e for e in found if not e.explained]
         hits = [e for e in alarms if e.start < injection.end and e.end > injection.start]
         # Alarms elsewhere on that series that the clean pass did not already have.
@@ -325,6 +348,10 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: 
                 ],
             }
         )
+    for i, s in enumerate(run.series):
+        profile, p = own[i], peers[i]
+        if profile is not None and p is not None:
+            ga.learn_peer_profile(s.t, s.w, run.events, peers=p, profile=profile)
     return {
         "run": run.run_id,
         "system": system,
@@ -505,12 +532,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--agent-hosts", type=int, default=40, help="hosts for the agent-trace section (0: skip)"
     )
+    parser.add_argument(
+        "--carry",
+        action="store_true",
+        help="each node carries its profile against its peers from its earlier runs",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     per_run = []
+    profiles: dict[tuple[str, int], ga.PeerProfile] | None = {} if args.carry else None
     for data in args.dir:
         index = pd.read_csv(data / "INDEX.csv", keep_default_na=False)
+        if "run_start_unix_ms" in index:
+            # The order the runs ran in: what a node carries comes from its earlier runs.
+            index = index.sort_values("run_start_unix_ms", kind="stable")
         if args.limit:
             index = index.head(args.limit)
         for row in index.itertuples(index=False):
@@ -518,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(getattr(row, "accelerator", "")), getattr(row, "gpus_per_node", 8)
             )
             run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark), rated)
-            per_run.append(evaluate_run(run, rng, args.trials, system_name(row)))
+            per_run.append(evaluate_run(run, rng, args.trials, system_name(row), profiles))
     summary = summarise(per_run, attribution_check(rng))
     if args.agent_hosts:
         # Its own generator: the section's hosts do not depend on --limit or --trials.
