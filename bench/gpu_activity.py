@@ -211,8 +211,11 @@ def during(series: Series, injection: Injection) -> np.ndarray:
     return (series.t >= injection.start) & (series.t < injection.end)
 
 
-def apply(series: Series, injection: Injection, ceiling_w: float = np.inf) -> np.ndarray:
-    w = series.w.copy()
+def apply(
+    series: Series, injection: Injection, ceiling_w: float = np.inf, w: np.ndarray | None = None
+) -> np.ndarray:
+    """The series' readings (or `w`, readings already modified) with the injection applied."""
+    w = (series.w if w is None else w).copy()
     inside = during(series, injection)
     if injection.kind == "burst":
         # A node cannot draw past its rated power (rated_node_w): foreign work beyond it
@@ -285,10 +288,13 @@ def evaluate_run(
     trials: int,
     system: str = "",
     profiles: dict[tuple[str, int], ga.PeerProfile] | None = None,
+    learn_injected: bool = False,
 ) -> dict:
     """Score one run. With `profiles` (--carry), each series is judged with what its node's
     earlier runs of this system taught (ga.PeerProfile), and this run is added to it only
-    after it was scored: the unmodified readings, as production would have seen them."""
+    after it was scored: the unmodified readings, as production would have seen them, or
+    (`learn_injected`, a stress test of what a profile learns) each series with every trial's
+    injection on it applied at once, as if all that foreign work had run in that run."""
     peers = [peers_for(run, i) for i in range(len(run.series))]
     own = [
         profiles.setdefault((system, s.node), ga.PeerProfile()) if profiles is not None else None
@@ -301,6 +307,7 @@ def evaluate_run(
         clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i], own[i])]
     results = []
     void: list[str] = []
+    learnt = [s.w for s in run.series]
     plan = [("burst", c) for c in ("train", "eval", "idle")] + [("throttle", "train")]
     for trial in range(trials):
         kind, context = plan[trial % len(plan)]
@@ -309,6 +316,7 @@ def evaluate_run(
             continue
         s = run.series[injection.series]
         injected = apply(s, injection, run.ceiling_w)
+        learnt[injection.series] = apply(s, injection, run.ceiling_w, learnt[injection.series])
         if at_rated_power(s, injection, injected):
             void.append(f"{s.node}@{injection.start:.0f}s")
             continue
@@ -351,7 +359,8 @@ def evaluate_run(
     for i, s in enumerate(run.series):
         profile, p = own[i], peers[i]
         if profile is not None and p is not None:
-            ga.learn_peer_profile(s.t, s.w, run.events, peers=p, profile=profile)
+            w = learnt[i] if learn_injected else s.w
+            ga.learn_peer_profile(s.t, w, run.events, peers=p, profile=profile)
     return {
         "run": run.run_id,
         "system": system,
@@ -537,6 +546,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each node carries its profile against its peers from its earlier runs",
     )
+    parser.add_argument(
+        "--carry-injected",
+        action="store_true",
+        help="with --carry: learn from each run with all its trials' foreign work applied",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
@@ -554,7 +568,9 @@ def main(argv: list[str] | None = None) -> int:
                 str(getattr(row, "accelerator", "")), getattr(row, "gpus_per_node", 8)
             )
             run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark), rated)
-            per_run.append(evaluate_run(run, rng, args.trials, system_name(row), profiles))
+            per_run.append(
+                evaluate_run(run, rng, args.trials, system_name(row), profiles, args.carry_injected)
+            )
     summary = summarise(per_run, attribution_check(rng))
     if args.agent_hosts:
         # Its own generator: the section's hosts do not depend on --limit or --trials.
