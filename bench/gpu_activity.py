@@ -90,6 +90,18 @@ def rated_node_w(accelerator: str, gpus_per_node: int | str) -> float:
     return float("inf")
 
 
+def dc_share(row: object) -> float:
+    """What of a node's AC rating a DC-side meter can read: the run's PSU conversion
+    efficiency (INDEX.csv `conversion_eff`) where it measured DC, else all of it."""
+    if str(getattr(row, "measurement", "")).upper() != "DC":
+        return 1.0
+    try:
+        eff = float(getattr(row, "conversion_eff", ""))
+    except (TypeError, ValueError):
+        return 1.0
+    return eff if 0.0 < eff <= 1.0 else 1.0
+
+
 # -- loading --------------------------------------------------------------------------------
 
 
@@ -566,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in index.itertuples(index=False):
             rated = rated_node_w(
                 str(getattr(row, "accelerator", "")), getattr(row, "gpus_per_node", 8)
-            )
+            ) * dc_share(row)
             run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark), rated)
             per_run.append(
                 evaluate_run(run, rng, args.trials, system_name(row), profiles, args.carry_injected)

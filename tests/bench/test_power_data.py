@@ -129,3 +129,15 @@ def test_a_burst_the_nodes_headroom_cannot_hold_is_void_not_missed() -> None:
     # A throttle is never void.
     throttle = bench.Injection(0, 20.0, 60.0, "throttle", "train", 0.8)
     assert not bench.at_rated_power(series, throttle, bench.apply(series, throttle, 10_200.0))
+
+
+def test_a_dc_side_meter_reads_the_rating_less_the_supplies_losses() -> None:
+    class Row:
+        measurement = "DC"
+        conversion_eff = "0.96"
+
+    assert bench.dc_share(Row()) == 0.96
+    Row.measurement = "AC"
+    assert bench.dc_share(Row()) == 1.0
+    Row.measurement, Row.conversion_eff = "DC", ""
+    assert bench.dc_share(Row()) == 1.0
