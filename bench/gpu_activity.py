@@ -300,13 +300,13 @@ def evaluate_run(
     trials: int,
     system: str = "",
     profiles: dict[tuple[str, int], ga.PeerProfile] | None = None,
-    learn_injected: bool = False,
+    learn_injected: int = 0,
 ) -> dict:
     """Score one run. With `profiles` (--carry), each series is judged with what its node's
     earlier runs of this system taught (ga.PeerProfile), and this run is added to it only
     after it was scored: the unmodified readings, as production would have seen them, or
-    (`learn_injected`, a stress test of what a profile learns) each series with every trial's
-    injection on it applied at once, as if all that foreign work had run in that run."""
+    (`learn_injected` N, a stress test of what a profile learns) with the run's first N
+    trials' injections applied at once, as if that foreign work had run in that run."""
     peers = [peers_for(run, i) for i in range(len(run.series))]
     own = [
         profiles.setdefault((system, s.node), ga.PeerProfile()) if profiles is not None else None
@@ -320,6 +320,7 @@ def evaluate_run(
     results = []
     void: list[str] = []
     learnt = [s.w for s in run.series]
+    learnt_n = 0
     plan = [("burst", c) for c in ("train", "eval", "idle")] + [("throttle", "train")]
     for trial in range(trials):
         kind, context = plan[trial % len(plan)]
@@ -328,7 +329,9 @@ def evaluate_run(
             continue
         s = run.series[injection.series]
         injected = apply(s, injection, run.ceiling_w)
-        learnt[injection.series] = apply(s, injection, run.ceiling_w, learnt[injection.series])
+        if learnt_n < learn_injected:
+            learnt_n += 1
+            learnt[injection.series] = apply(s, injection, run.ceiling_w, learnt[injection.series])
         if at_rated_power(s, injection, injected):
             void.append(f"{s.node}@{injection.start:.0f}s")
             continue
@@ -371,7 +374,7 @@ def evaluate_run(
     for i, s in enumerate(run.series):
         profile, p = own[i], peers[i]
         if profile is not None and p is not None:
-            w = learnt[i] if learn_injected else s.w
+            w = learnt[i]
             ga.learn_peer_profile(s.t, w, run.events, peers=p, profile=profile)
     return {
         "run": run.run_id,
@@ -560,8 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--carry-injected",
-        action="store_true",
-        help="with --carry: learn from each run with all its trials' foreign work applied",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --carry: learn from each run with its first N trials' injections applied",
     )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)

@@ -10,15 +10,20 @@ dropped); learnt from the node's *earlier* runs, nothing in the run being judged
 
 The profile is the log ratio's residual (against the run's own usual, drifting ratio) as a
 step function of the peers' level relative to their training level, in bins of `BIN` in log.
-Each earlier run adds, per bin, the median residual of its readings that no pass found
-departing. A bin's offset is the median over the runs that reached it, and only where they
-agree: at least `MIN_RUNS` runs, and a median larger than their spread (1.4826 x MAD across
-runs). So what is learnt as the node's own is what every recent run showed at that level:
-- foreign work that comes and goes (the issue's case: bursts at random times) is not at the
-  same relative level in most runs, and is found departing where it is (then not learnt);
-- foreign work present in most runs at one level *is* learnt there, up to the size it had;
-  it is bounded by the history (`HISTORY` runs: a node that stops doing it unlearns it within
-  that many runs) and it never hides more than its own size at that level;
+Each earlier run adds, per bin, the median residual of its readings (all of them: what one
+run cannot tell from foreign work is what it finds departing). A bin's offset is the median
+over the runs that reached it, and only where they agree: at least `MIN_RUNS` runs, and a
+median larger than their spread (1.4826 x MAD across runs). So what is learnt as the node's
+own is what most recent runs showed at that level. How far that keeps foreign work out
+(docs/gpu.md has the figures, `bench.gpu_activity --carry --carry-injected N`):
+- foreign work that comes and goes (the issue's case) is rarely at the same relative level in
+  most of one node's runs: with one foreign episode per run (on one of eight nodes) learnt,
+  Dell's figures are as with a clean history but for one alarm on one seed;
+- foreign work on most nodes in most runs *is* learnt where two or three early runs of a node
+  share it at one level (too few to outvote it), and the false alarms then rise above those
+  with no profile; recall is kept (the failure is loud, not silent). So this is not for a
+  production check as it stands: it would need far more runs per node than Dell's ten, or a
+  way to tell the node's own level dependence from foreign work inside a run;
 - foreign work present throughout every run is the node's usual ratio already, with or
   without a profile (a run's own level absorbs it): power alone cannot see it; per-process
   data can (attribution, step 5 in docs/gpu.md).
