@@ -9,7 +9,10 @@ series as peers. A clean pass counts false alarms (unexplained episodes on unmod
 distinct-series hour). Then seeded injections, one per trial on one series: foreign work (+10-30%
 of the current level, 10-300 s) starting during training, eval or idle (before init_start or
 after run_stop; runs whose readings cover neither skip those trials), and throttling (x0.6-0.9,
-30-300 s, ending by run_stop) during training. An injection is found when an unexplained
+30-300 s, ending by run_stop) during training. A burst stops at the node's rated power
+(`rated_node_w`: host + GPUs at TDP); one that the headroom cuts under +10% on average is void
+(at its rated power a node shows foreign work as the job's slowdown, not as watts), counted
+per system and not scored. An injection is found when an unexplained
 episode on that series overlaps it; every other unexplained episode on that series is a false
 alarm. Plus the
 attribution path on synthetic per-process traces (forecasting.estimators.gpu_attribution), and
@@ -57,12 +60,52 @@ class LoadedRun:
     # Where the node is idle (the data README): before init_start and after run_stop.
     idle_before: float = -np.inf
     idle_after: float = np.inf
+    # The most a node can draw (rated_node_w): injected watts stop there.
+    ceiling_w: float = np.inf
+
+
+# -- the node's physical headroom --------------------------------------------------------------
+
+# Per accelerator: its TDP and the rated maximum input power of the reference 8-GPU system built
+# on it (NVIDIA's DGX user guides, "Power Specifications": DGX H100/H200 10.2 kW max, DGX B200
+# 14.3 kW max; H100 SXM5 700 W, also the Dell system description's "GPU TDP:700W"; B200 SXM
+# 1,000 W). A node is its host plus its GPUs, each at most its TDP; the host's share is the
+# reference system's rating less its eight GPUs. The SMC set's README said "below ~10 kW per
+# node" for the same H100 nodes, within 2% of this.
+RATED = {
+    "H100": (700.0, 10_200.0),
+    "B200": (1_000.0, 14_300.0),
+}
+
+
+def rated_node_w(accelerator: str, gpus_per_node: int | str) -> float:
+    """The rated power of a node: host + GPUs x TDP (inf for an accelerator not in RATED)."""
+    for name, (tdp, reference) in RATED.items():
+        if name in accelerator.upper():
+            try:
+                gpus = int(gpus_per_node)
+            except (TypeError, ValueError):
+                gpus = 8
+            return reference - 8 * tdp + gpus * tdp
+    return float("inf")
+
+
+def dc_share(row: object) -> float:
+    """What of a node's AC rating a DC-side meter can read: the run's PSU conversion
+    efficiency (INDEX.csv `conversion_eff`) where it measured DC, else all of it."""
+    if str(getattr(row, "measurement", "")).upper() != "DC":
+        return 1.0
+    try:
+        eff = float(getattr(row, "conversion_eff", ""))
+    except (TypeError, ValueError):
+        return 1.0
+    return eff if 0.0 < eff <= 1.0 else 1.0
 
 
 # -- loading --------------------------------------------------------------------------------
 
 
-def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
+def load_run(path: Path, run_id: str, benchmark: str, rated_w: float = np.inf) -> LoadedRun:
     power = pd.read_csv(path / "power.csv")
     events = pd.read_csv(path / "events.csv", keep_default_na=False)
     by_hash: dict[str, Series] = {}
@@ -89,6 +132,9 @@ def load_run(path: Path, run_id: str, benchmark: str) -> LoadedRun:
         period,
         idle_before=times.get("init_start", -np.inf),
         idle_after=times.get("run_stop", np.inf),
+        # A reading over the rating says the rating is not this node's: never clip below
+        # what the node itself drew.
+        ceiling_w=max(rated_w, max(float(s.w.max()) for s in series)),
     )
 
 
@@ -177,31 +223,61 @@ def during(series: Series, injection: Injection) -> np.ndarray:
     return (series.t >= injection.start) & (series.t < injection.end)
 
 
-def apply(series: Series, injection: Injection) -> np.ndarray:
-    w = series.w.copy()
+def apply(
+    series: Series, injection: Injection, ceiling_w: float = np.inf, w: np.ndarray | None = None
+) -> np.ndarray:
+    """The series' readings (or `w`, readings already modified) with the injection applied."""
+    w = (series.w if w is None else w).copy()
     inside = during(series, injection)
     if injection.kind == "burst":
-        # Keep the node physical: below ~10 kW.
-        w[inside] = np.minimum(w[inside] * injection.factor, 10_000.0)
+        # A node cannot draw past its rated power (rated_node_w): foreign work beyond it
+        # shares the GPUs' time and shows as the job's slowdown, not as watts.
+        w[inside] = np.minimum(w[inside] * injection.factor, ceiling_w)
     else:
         w[inside] = w[inside] * injection.factor
     return w
+
+
+# The smallest foreign work the bench injects (+10% of the level).
+MIN_BURST = 0.10
+
+
+def at_rated_power(series: Series, injection: Injection, injected: np.ndarray) -> bool:
+    """A burst that the node's headroom cut below the smallest injected (+10% on average over
+    its readings): the node was at its rated power, where foreign work is the job's slowdown,
+    which power readings do not show (per-process data does). Such a trial is void: counted
+    per system, not scored as found or missed."""
+    if injection.kind != "burst":
+        return False
+    inside = during(series, injection)
+    if not inside.any():
+        return False
+    added = float(np.mean(injected[inside] / series.w[inside])) - 1.0
+    return added < MIN_BURST - 1e-9
 
 
 # -- scoring --------------------------------------------------------------------------------
 
 
 def unexplained(
-    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+    run: LoadedRun,
+    index: int,
+    w: np.ndarray,
+    peers: np.ndarray | None,
+    profile: ga.PeerProfile | None = None,
 ) -> list[ga.Episode]:
-    return [e for e in episodes(run, index, w, peers) if not e.explained]
+    return [e for e in episodes(run, index, w, peers, profile) if not e.explained]
 
 
 def episodes(
-    run: LoadedRun, index: int, w: np.ndarray, peers: np.ndarray | None
+    run: LoadedRun,
+    index: int,
+    w: np.ndarray,
+    peers: np.ndarray | None,
+    profile: ga.PeerProfile | None = None,
 ) -> list[ga.Episode]:
     s = run.series[index]
-    return ga.find_episodes(s.t, w, run.events, peers=peers)
+    return ga.find_episodes(s.t, w, run.events, peers=peers, profile=profile)
 
 
 def seen(found: list[ga.Episode], injection: Injection) -> str:
@@ -218,14 +294,33 @@ def seen(found: list[ga.Episode], injection: Injection) -> str:
     )
 
 
-def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: str = "") -> dict:
+def evaluate_run(
+    run: LoadedRun,
+    rng: np.random.Generator,
+    trials: int,
+    system: str = "",
+    profiles: dict[tuple[str, int], ga.PeerProfile] | None = None,
+    learn_injected: int = 0,
+) -> dict:
+    """Score one run. With `profiles` (--carry), each series is judged with what its node's
+    earlier runs of this system taught (ga.PeerProfile), and this run is added to it only
+    after it was scored: the unmodified readings, as production would have seen them, or
+    (`learn_injected` N, a stress test of what a profile learns) with the run's first N
+    trials' injections applied at once, as if that foreign work had run in that run."""
     peers = [peers_for(run, i) for i in range(len(run.series))]
+    own = [
+        profiles.setdefault((system, s.node), ga.PeerProfile()) if profiles is not None else None
+        for s in run.series
+    ]
     clean_alarms: list[tuple[int, ga.Episode]] = []
     hours = 0.0
     for i, s in enumerate(run.series):
         hours += (s.t[-1] - s.t[0]) / 3600.0
-        clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i])]
+        clean_alarms += [(i, e) for e in unexplained(run, i, s.w, peers[i], own[i])]
     results = []
+    void: list[str] = []
+    learnt = [s.w for s in run.series]
+    learnt_n = 0
     plan = [("burst", c) for c in ("train", "eval", "idle")] + [("throttle", "train")]
     for trial in range(trials):
         kind, context = plan[trial % len(plan)]
@@ -233,7 +328,16 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: 
         if injection is None:
             continue
         s = run.series[injection.series]
-        found = episodes(run, injection.series, apply(s, injection), peers[injection.series])
+        injected = apply(s, injection, run.ceiling_w)
+        if learnt_n < learn_injected:
+            learnt_n += 1
+            learnt[injection.series] = apply(s, injection, run.ceiling_w, learnt[injection.series])
+        if at_rated_power(s, injection, injected):
+            void.append(f"{s.node}@{injection.start:.0f}s")
+            continue
+        found = episodes(
+            run, injection.series, injected, peers[injection.series], own[injection.series]
+        )
         alarms = [e for e in found if not e.explained]
         hits = [e for e in alarms if e.start < injection.end and e.end > injection.start]
         # Alarms elsewhere on that series that the clean pass did not already have.
@@ -267,6 +371,11 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: 
                 ],
             }
         )
+    for i, s in enumerate(run.series):
+        profile, p = own[i], peers[i]
+        if profile is not None and p is not None:
+            w = learnt[i]
+            ga.learn_peer_profile(s.t, w, run.events, peers=p, profile=profile)
     return {
         "run": run.run_id,
         "system": system,
@@ -278,6 +387,7 @@ def evaluate_run(run: LoadedRun, rng: np.random.Generator, trials: int, system: 
             for i, e in clean_alarms
         ],
         "trials": results,
+        "void_at_rated_power": void,
     }
 
 
@@ -307,6 +417,7 @@ PER_SYSTEM_KEYS = (
     "gpu_delay_s_median",
     "node_hours_distinct",
     "injections",
+    "injections_void_at_rated_power",
     "runs",
 )
 
@@ -346,6 +457,7 @@ def score(per_run: list[dict]) -> dict:
             round(sum(t["found"] for t in inside) / len(inside), 3) if inside else None
         )
     clean_hours = hours
+    void = sum(len(r.get("void_at_rated_power", [])) for r in per_run)
     return {
         "gpu_unexplained_f1": round(f1, 4),
         "gpu_unexplained_precision": round(precision, 4),
@@ -365,6 +477,8 @@ def score(per_run: list[dict]) -> dict:
         "gpu_nab_standard": nab_score(trials, trial_false),
         "node_hours_distinct": round(hours, 2),
         "injections": len(trials),
+        # Bursts the node's rated power left under +10%: not scored (at_rated_power).
+        "injections_void_at_rated_power": void,
         "runs": len(per_run),
     }
 
@@ -442,17 +556,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--agent-hosts", type=int, default=40, help="hosts for the agent-trace section (0: skip)"
     )
+    parser.add_argument(
+        "--carry",
+        action="store_true",
+        help="each node carries its profile against its peers from its earlier runs",
+    )
+    parser.add_argument(
+        "--carry-injected",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --carry: learn from each run with its first N trials' injections applied",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     per_run = []
+    profiles: dict[tuple[str, int], ga.PeerProfile] | None = {} if args.carry else None
     for data in args.dir:
         index = pd.read_csv(data / "INDEX.csv", keep_default_na=False)
+        if "run_start_unix_ms" in index:
+            # The order the runs ran in: what a node carries comes from its earlier runs.
+            index = index.sort_values("run_start_unix_ms", kind="stable")
         if args.limit:
             index = index.head(args.limit)
         for row in index.itertuples(index=False):
-            run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark))
-            per_run.append(evaluate_run(run, rng, args.trials, system_name(row)))
+            rated = rated_node_w(
+                str(getattr(row, "accelerator", "")), getattr(row, "gpus_per_node", 8)
+            ) * dc_share(row)
+            run = load_run(data / str(row.dir), str(row.run_id), str(row.benchmark), rated)
+            per_run.append(
+                evaluate_run(run, rng, args.trials, system_name(row), profiles, args.carry_injected)
+            )
     summary = summarise(per_run, attribution_check(rng))
     if args.agent_hosts:
         # Its own generator: the section's hosts do not depend on --limit or --trials.

@@ -229,6 +229,9 @@ def convert_run(repo: Path, results: str, k: str, out: Path, meta: dict) -> dict
         "power_duplicates_dropped": sum(m.duplicates for m in meters),
         "power_backward_steps": sum(m.backward for m in meters),
         "run_duration_s": round((stop.time_ms - t0) / 1e3, 3),
+        # The job log's run_start (Unix ms): a system's runs in the order they ran, for what
+        # a node carries from its earlier runs (the bench's --carry).
+        "run_start_unix_ms": t0,
         "power_start_s": round((min(int(m.t_ms[0]) for m in meters) - t0) / 1e3, 3),
         "power_end_s": round((max(int(m.t_ms[-1]) for m in meters) - t0) / 1e3, 3),
         "init_start_s": round((by_key["init_start"] - t0) / 1e3, 3),

@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from bench import gpu_activity as bench
@@ -72,6 +73,7 @@ def test_it_converts_a_submission_into_the_shared_layout(tmp_path: Path) -> None
     assert row.power_duplicates_dropped == 2 * 17  # every third of 51 readings, per node
     assert row.time_resolution_s == 1.0 and row.distinct_node_series == 2
     assert row.init_start_s == -62.0
+    assert row.run_start_unix_ms == T0  # the runs of a system in the order they ran
     run = out / str(row.dir)
     power = pd.read_csv(run / "power.csv")
     assert len(power) == 2 * 51 and power.time_s.is_monotonic_increasing
@@ -103,3 +105,39 @@ def test_the_bench_scores_each_system_apart() -> None:
     assert per["B"]["gpu_unexplained_recall"] == 0.0
     assert per["B"]["gpu_false_alarms_per_node_hour"] == 2.0
     assert summary["gpu_unexplained_recall"] == 0.5
+
+
+def test_a_nodes_rating_is_its_host_plus_its_gpus_at_tdp() -> None:
+    assert bench.rated_node_w("NVIDIA H100-SXM5-80GB", 8) == 10_200.0
+    assert bench.rated_node_w("NVIDIA B200-SXM-180GB", "8") == 14_300.0
+    # Fewer GPUs: the host's share stays, each GPU takes its TDP.
+    assert bench.rated_node_w("NVIDIA H100-SXM5-80GB", 4) == 10_200.0 - 4 * 700.0
+    assert bench.rated_node_w("Some other accelerator", 8) == float("inf")
+
+
+def test_a_burst_the_nodes_headroom_cannot_hold_is_void_not_missed() -> None:
+    t = np.arange(0.0, 100.0, 1.0)
+    series = bench.Series(0, [0], t, np.full(t.size, 9_900.0))
+    burst = bench.Injection(0, 20.0, 60.0, "burst", "train", 1.25)
+    # At 9.9 kW a 10.2-kW node has 3% to give: the +25% is cut to +3%, void.
+    capped = bench.apply(series, burst, 10_200.0)
+    assert capped.max() == 10_200.0 and capped[:20].max() == 9_900.0
+    assert bench.at_rated_power(series, burst, capped)
+    # At 8 kW it holds +25% (10 kW): scored.
+    low = bench.Series(0, [0], t, np.full(t.size, 8_000.0))
+    assert not bench.at_rated_power(low, burst, bench.apply(low, burst, 10_200.0))
+    # A throttle is never void.
+    throttle = bench.Injection(0, 20.0, 60.0, "throttle", "train", 0.8)
+    assert not bench.at_rated_power(series, throttle, bench.apply(series, throttle, 10_200.0))
+
+
+def test_a_dc_side_meter_reads_the_rating_less_the_supplies_losses() -> None:
+    class Row:
+        measurement = "DC"
+        conversion_eff = "0.96"
+
+    assert bench.dc_share(Row()) == 0.96
+    Row.measurement = "AC"
+    assert bench.dc_share(Row()) == 1.0
+    Row.measurement, Row.conversion_eff = "DC", ""
+    assert bench.dc_share(Row()) == 1.0

@@ -158,3 +158,56 @@ def test_an_init_rise_short_of_the_training_draw_is_not() -> None:
     series, w = init_warm_up(1.3)
     found = unexplained(series, 0, w)
     assert [e.kind for e in found] == ["burst"] and found[0].phase == "init"
+
+
+def surplus_job(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Dell-like nodes (1-s meters, 8 kW), node 3 drawing a fixed 12% of the training draw in
+    watts over its share: +12% at the training level, +27% at its peers' 0.45 stretch."""
+    series = nodes(watts=8000.0, period=1.0, noise=0.01, seed=seed)
+    t, w = series[3]
+    series[3] = (t, w + 0.12 * 8000.0)
+    return series
+
+
+def test_a_nodes_own_surplus_over_its_peers_is_learnt_from_its_earlier_runs() -> None:
+    alone = unexplained(surplus_job(10), 3)
+    # Within one run the surplus at the low stretch is foreign work as far as it can tell.
+    assert any(e.start < 120 and e.end > 100 for e in alone)
+    profile = ga.PeerProfile()
+    for seed in (11, 12, 13):
+        earlier = surplus_job(seed)
+        t, w = earlier[3]
+        ga.learn_peer_profile(t, w, job_events(), peers=peers_of(earlier, 3), profile=profile)
+    series = surplus_job(10)
+    t, w = series[3]
+    peers = peers_of(series, 3)
+    found = ga.find_episodes(t, w, job_events(), peers=peers, profile=profile)
+    assert [e for e in found if not e.explained] == []
+    # Foreign work on it is still found, at the low stretch and in training.
+    for start, length in ((100.0, 18.0), (160.0, 60.0)):
+        burst = w.copy()
+        burst[(t >= start) & (t < start + length)] *= 1.15
+        found = ga.find_episodes(t, burst, job_events(), peers=peers, profile=profile)
+        hits = [e for e in found if not e.explained]
+        assert hits and all(e.start < start + length and e.end > start for e in hits)
+
+
+def test_a_profile_learns_only_what_its_earlier_runs_agree_on() -> None:
+    profile = ga.PeerProfile()
+    at = np.full(20, np.log(0.45))  # the peers at 45% of their training level
+    # One run with foreign work there, two without: not learnt.
+    for residual in (0.2, 0.0, 0.01):
+        profile.learn(at, np.full(20, residual), min_readings=8)
+    assert profile.offset(at[:1])[0] == 0.0
+    # Every run shows it: learnt, at that level only.
+    agreed = ga.PeerProfile()
+    for residual in (0.2, 0.18, 0.21):
+        agreed.learn(at, np.full(20, residual), min_readings=8)
+    assert agreed.offset(at[:1])[0] == pytest.approx(0.2)
+    assert agreed.offset(np.zeros(1))[0] == 0.0
+    # One run is not enough to learn from, and too few readings in a bin do not count.
+    once = ga.PeerProfile()
+    once.learn(at, np.full(20, 0.2), min_readings=8)
+    assert once.offset(at[:1])[0] == 0.0
+    once.learn(at[:5], np.full(5, 0.2), min_readings=8)
+    assert once.offset(at[:1])[0] == 0.0

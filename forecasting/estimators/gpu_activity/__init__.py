@@ -16,19 +16,22 @@ as one module: it pulls in pandas).
 from __future__ import annotations
 
 from forecasting.estimators.gpu_activity.clock import peer_offsets
-from forecasting.estimators.gpu_activity.episodes import find_episodes
+from forecasting.estimators.gpu_activity.episodes import find_episodes, learn_peer_profile
 from forecasting.estimators.gpu_activity.hang import find_hang
 from forecasting.estimators.gpu_activity.levels import phase_labels, step_change_marks
 from forecasting.estimators.gpu_activity.model import Episode, Mark, Phase, RunEvents, Settings
+from forecasting.estimators.gpu_activity.profile import PeerProfile
 
 __all__ = [
     "Episode",
     "Mark",
+    "PeerProfile",
     "Phase",
     "RunEvents",
     "Settings",
     "find_episodes",
     "find_hang",
+    "learn_peer_profile",
     "peer_offsets",
     "phase_labels",
     "step_change_marks",

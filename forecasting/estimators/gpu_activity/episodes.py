@@ -48,6 +48,7 @@ from forecasting.estimators.gpu_activity.model import (
     RunEvents,
     Settings,
 )
+from forecasting.estimators.gpu_activity.profile import PeerProfile
 
 # -- departures -----------------------------------------------------------------------------
 
@@ -75,6 +76,7 @@ def departures(
     events: RunEvents,
     peers: np.ndarray | None = None,
     settings: Settings = DEFAULT,
+    profile: PeerProfile | None = None,
 ) -> dict[str, Any]:
     """Per sample: the expected level, the band and the signed departure outside it.
 
@@ -87,6 +89,7 @@ def departures(
     keys = regime_keys(times, labels, marks)
     use_peers = peers is not None and np.isfinite(peers).sum() > 0.5 * peers.size
     mask: np.ndarray | None = None
+    peer_x = peer_resid = None
     for _ in range(settings.passes):
         # Against peers the phase pass's departures are replaced: no need to resolve its edges.
         level, lo, hi, dev, setup, scale = _phase_pass(
@@ -94,7 +97,9 @@ def departures(
         )
         if use_peers:
             assert peers is not None
-            dev, scale = _peer_departure(times, values, peers, keys, settings, mask)
+            dev, scale, peer_x, peer_resid = _peer_departure(
+                times, values, peers, keys, settings, mask, profile
+            )
         found = _dilate(dev != 0, 2)
         # Each pass unmasks nothing and may mask more: the next pass learns the rolling level
         # without what this one found, so a long episode does not pull the level near it.
@@ -115,6 +120,11 @@ def departures(
         "setup": setup,
         "peers": use_peers,
         "values": values,
+        # What a profile learns from (profile.py): the peers' relative level (log), the log
+        # ratio's residual against the usual ratio, and the readings found departing.
+        "peer_x": peer_x,
+        "peer_resid": peer_resid,
+        "mask": mask,
     }
 
 
@@ -330,11 +340,15 @@ def _peer_departure(
     keys: np.ndarray,
     settings: Settings,
     mask: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
+    profile: PeerProfile | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Departure from the peers' same-time level times this series' usual ratio to them.
 
     Peers are the sharper reference: the run's intra-step swings and its phases move them in
-    step, so they cancel; only what happens on this series alone remains.
+    step, so they cancel; only what happens on this series alone remains. With a `profile`
+    (learnt from this series' earlier runs, profile.py) the ratio is first corrected for how
+    it depends on the peers' level. Also returns the peers' relative level (log) and the log
+    ratio's residual against the usual ratio (uncorrected), for learning a profile.
     """
     filled = pd.Series(peers).interpolate(limit_direction="both").to_numpy(dtype=float)
     raw = values / np.where(filled == 0, np.nan, filled)
@@ -345,11 +359,20 @@ def _peer_departure(
     # the 2-s meters of the dev set, and a band of 5 such noises hid +15% bursts.
     n = _smoothing_readings(dt, settings)
     log_ratio = _rolling_median(np.log(np.where(raw > 0, raw, np.nan)), n)
+    # The peers' level relative to their training level: what a node's own surplus in watts
+    # makes its ratio depend on.
+    train = np.array([k.split("#")[0] == "train" for k in keys])
+    positive = filled[(filled > 0) & (train if train.any() else True)]
+    reference = float(np.median(positive)) if positive.size else float("nan")
+    x = np.log(np.where(filled > 0, filled, np.nan) / reference)
+    offset = profile.offset(x) if profile is not None else np.zeros(x.shape)
+    log_ratio = log_ratio - offset
     ratio = np.exp(log_ratio)
     compared = filled * ratio
     learn = ratio if mask is None else np.where(mask, np.nan, ratio)
     expected = np.empty_like(values)
     slack = np.empty_like(values)
+    usual = np.empty_like(values)
     # The noise against the peers is relative (of the log ratio), not in watts: one regime
     # holds levels 2.3x apart (Dell's Llama-2 runs fall to 3.5 kW for 30 s before their
     # first eval, inside the training block), and a noise learnt in watts at 8 kW made a
@@ -366,6 +389,7 @@ def _peer_departure(
         else:
             r = _drifting_level(times[idx], own_learn, window, dt)
         exp = filled[idx] * r
+        usual[idx] = r
         # The noise of this series against its peers (what the peers do not share), relative.
         mad = _smoothed_noise(log_ratio[inner], times[inner], dt, n)
         mad = mad if np.isfinite(mad) else pooled
@@ -377,7 +401,8 @@ def _peer_departure(
     lo, hi = _band(times, expected, slack, 1.01 * dt)
     compared = np.where(np.isfinite(compared), compared, values)
     dev = np.where(compared > hi, compared - hi, np.where(compared < lo, compared - lo, 0.0))
-    return dev, slack
+    residual = log_ratio + offset - np.log(np.where(usual > 0, usual, np.nan))
+    return dev, slack, x, residual
 
 
 def _drifting_level(t: np.ndarray, ratio: np.ndarray, window: int, dt: float) -> np.ndarray:
@@ -456,21 +481,18 @@ def find_episodes(
     *,
     peers: np.ndarray | None = None,
     settings: Settings = DEFAULT,
+    profile: PeerProfile | None = None,
 ) -> list[Episode]:
-    """Every episode departing from the run's normal activity, explained or not."""
-    t = np.asarray(times, float)
-    v = np.asarray(values, float)
-    ok = np.isfinite(t) & np.isfinite(v)
-    if peers is not None:
-        peers = np.asarray(peers, float)[ok]
-    t, v = t[ok], v[ok]
+    """Every episode departing from the run's normal activity, explained or not.
+
+    `profile`: this series' dependence on its peers' level, learnt from its earlier runs
+    (learn_peer_profile); None, or an empty one, changes nothing.
+    """
+    t, v, peers = _prepared(times, values, peers)
     if t.size < 3:
         return []
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
-    peers = peers[order] if peers is not None else None
     ev = events or RunEvents()
-    d = departures(t, v, ev, peers, settings)
+    d = departures(t, v, ev, peers, settings, profile)
     window = settings.event_window_s
     # Against peers that warm up alike, the warm-up cancels like any other phase of the run:
     # it covers nothing there (it exists because a lone series' level is not known yet).
@@ -482,6 +504,51 @@ def find_episodes(
         if episode is not None:
             episodes.append(episode)
     return episodes
+
+
+def learn_peer_profile(
+    times: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    events: RunEvents | None,
+    *,
+    peers: np.ndarray,
+    profile: PeerProfile,
+    settings: Settings = DEFAULT,
+) -> None:
+    """Add a finished run to this series' profile against its peers (profile.py).
+
+    Called after the run was judged, never before: the run that is judged is held against
+    what its series' earlier runs showed. Every reading counts, the ones found departing too:
+    what one run cannot tell from foreign work (node 3's surplus at its peers' 3.5 kW) is
+    what it finds departing, and left out it was never learnt. What keeps foreign work out
+    is the runs' agreement (profile.py): a burst in one run is outvoted by the others.
+    """
+    t, v, p = _prepared(times, values, peers)
+    if t.size < 3 or p is None:
+        return
+    d = departures(t, v, events or RunEvents(), p, settings, profile)
+    if not d["peers"] or d["peer_resid"] is None:
+        return
+    residual = d["peer_resid"]
+    # A bin counts where it holds an episode's worth of readings.
+    least = max(2, round(settings.min_duration_s / sampling_period(t)))
+    profile.learn(d["peer_x"], residual, least)
+
+
+def _prepared(
+    times: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    peers: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Finite readings in time order, the peers' with them."""
+    t = np.asarray(times, float)
+    v = np.asarray(values, float)
+    ok = np.isfinite(t) & np.isfinite(v)
+    if peers is not None:
+        peers = np.asarray(peers, float)[ok]
+    t, v = t[ok], v[ok]
+    order = np.argsort(t, kind="stable")
+    return t[order], v[order], (peers[order] if peers is not None else None)
 
 
 def _runs(t: np.ndarray, sign: np.ndarray, gap_s: float) -> list[tuple[int, int]]:
