@@ -85,6 +85,10 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
     keys = tracker_selectors.series_keys(run=run)
     loss_key = tracker_selectors.loss_key_for(keys)
     progress_key = loss_key or (keys[0] if keys else None)
+    # Read once for the computation's steps that weigh findings against them (the straggler's
+    # onset, the open episode, the hysteresis); nothing writes flags before flags_sync, which
+    # reads them again under the run's lock.
+    open_flags = selectors.flags_open(run=run)
     conditions: list[Condition] = []
     endings: dict[str, Ending] = {}
     kinds: tuple[str, ...] = FORECAST_FLAG_KINDS
@@ -100,12 +104,12 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
             conditions += eta_conditions
             if eta is not None:
                 # After the ETA: the what-if finish scales the forecast just stored.
-                conditions += _straggler_condition(run=run, now=now)
+                conditions += _straggler_condition(run=run, now=now, open_flags=open_flags)
             if loss_key is not None:
                 # The progress series is the loss series: the same sample, resolved.
                 series = resolved_input(sample)
                 found, endings = _loss_and_divergence(
-                    run=run, key=loss_key, series=series, keys=keys, now=now
+                    run=run, key=loss_key, series=series, keys=keys, now=now, open_flags=open_flags
                 )
                 conditions += found
             conditions = episodes.one_flag_each(
@@ -115,6 +119,7 @@ def forecast_compute(*, run_id: int, now: datetime | None = None) -> list[Flag]:
                     odds=odds,
                     input_step=int(sample.last.steps[0]),
                     now=now,
+                    open_flags=open_flags,
                 )
             )
     return flags_sync(run=run, conditions=conditions, kinds=kinds, now=now, resolutions=endings)
@@ -169,8 +174,10 @@ def final_events(*, run: Run, now: datetime) -> list[Flag]:
     return flags_sync(run=run, conditions=events, kinds=(), now=now) if events else []
 
 
-def _straggler_condition(*, run: Run, now: datetime) -> list[Condition]:
-    found = straggler_finding(run=run, now=now)
+def _straggler_condition(
+    *, run: Run, now: datetime, open_flags: dict[str, Flag]
+) -> list[Condition]:
+    found = straggler_finding(run=run, now=now, open_flags=open_flags)
     if found is None:
         return []
     kind = Flag.Kind.STRAGGLER
@@ -183,6 +190,7 @@ def _sustained(
     found: list[Condition],
     odds: float | None,
     now: datetime,
+    open_flags: dict[str, Flag] | None = None,
     input_step: int | None = None,
 ) -> list[Condition]:
     """Store this computation's reading, then weigh its findings against the readings before
@@ -199,7 +207,7 @@ def _sustained(
         history=selectors.condition_readings(
             run=run, since=now - window * th.FLAG_REOPEN_WINDOWS, until=now
         ),
-        open_flags=selectors.flags_open(run=run),
+        open_flags=selectors.flags_open(run=run) if open_flags is None else open_flags,
         recently_resolved=selectors.kinds_resolved_since(
             run=run, since=now - timedelta(seconds=th.FLAG_REOPEN_GUARD_S)
         ),
@@ -210,17 +218,22 @@ def _sustained(
 def _reading_store(*, run: Run, reading: Reading) -> None:
     # Keyed by the computation's second, not its input: a stalled run brings no new steps, and
     # its findings must still accumulate (recomputing within the same second is idempotent).
-    ConditionReading.objects.update_or_create(
+    row = ConditionReading(
         run=run,
         segment=run.current_segment,
         second=int(reading.at.timestamp()),
-        defaults={
-            "computed_at": reading.at,
-            "found": sorted(reading.found),
-            "deadline_p": reading.deadline_p,
-            "input_step": reading.input_step,
-            "slip_s": reading.slip_s,
-        },
+        computed_at=reading.at,
+        found=sorted(reading.found),
+        deadline_p=reading.deadline_p,
+        input_step=reading.input_step,
+        slip_s=reading.slip_s,
+    )
+    # One upsert statement (update_or_create took five), as forecasting.store does.
+    ConditionReading.objects.bulk_create(
+        [row],
+        update_conflicts=True,
+        unique_fields=["run", "segment", "second"],
+        update_fields=["computed_at", "found", "deadline_p", "input_step", "slip_s"],
     )
 
 
@@ -302,18 +315,7 @@ def _eta_backfill(*, run: Run, progress: Series) -> int:
 
 
 def _slip_condition(*, run: Run, now: datetime) -> list[Condition]:
-    etas = Forecast.objects.filter(
-        run=run, kind=Forecast.Kind.ETA, finish_p50__isnull=False
-    ).exclude(data__has_key="as_of_history")
-    # The slip window never exceeds SLIP_WINDOW_MAX_S and its length needs only the first
-    # forecast: a run keeps ~40k ETA forecasts (a week in full), and this runs every 15 s.
-    first = etas.order_by("computed_at").values_list("computed_at", "finish_p50").first()
-    recent = list(
-        etas.filter(computed_at__gte=now - timedelta(seconds=th.SLIP_WINDOW_MAX_S))
-        .order_by("computed_at")
-        .values_list("computed_at", "finish_p50")
-    )
-    history = ([first] if first is not None and first not in recent[:1] else []) + recent
+    history = selectors.slip_history(run=run, now=now)
     if len(history) < 2:
         return []
     times = np.array([h[0].timestamp() for h in history])
@@ -356,7 +358,13 @@ def _deadline_condition(
 
 
 def _loss_and_divergence(
-    *, run: Run, key: str, series: Series, keys: list[str], now: datetime
+    *,
+    run: Run,
+    key: str,
+    series: Series,
+    keys: list[str],
+    now: datetime,
+    open_flags: dict[str, Flag],
 ) -> tuple[list[Condition], dict[str, Ending]]:
     """The loss forecast stored, and the divergence conditions with what open episode flags
     say if they close (forecasting.episodes)."""
@@ -380,7 +388,9 @@ def _loss_and_divergence(
             now=now,
             data={**loss.to_dict(), "key": key},
         )
-    return _divergence_conditions(run=run, key=key, series=series, keys=keys, now=now)
+    return _divergence_conditions(
+        run=run, key=key, series=series, keys=keys, now=now, open_flags=open_flags
+    )
 
 
 # Loss keys that are a held-out evaluation (one smooth point per evaluation), not a train loss.
@@ -388,7 +398,13 @@ EVALUATION_LOSS_KEYS = ("val_loss", "eval_loss")
 
 
 def _divergence_conditions(
-    *, run: Run, key: str, series: Series, keys: list[str], now: datetime
+    *,
+    run: Run,
+    key: str,
+    series: Series,
+    keys: list[str],
+    now: datetime,
+    open_flags: dict[str, Flag] | None = None,
 ) -> tuple[list[Condition], dict[str, Ending]]:
     checkpoints = [
         float(s)
@@ -416,7 +432,9 @@ def _divergence_conditions(
         evaluation=key in EVALUATION_LOSS_KEYS,
     )
     found = [Condition(f.kind, f.explanation, f.severity, f.onset_step, f.to_dict()) for f in flags]
-    return episodes.with_episodes(run=run, found=found, series=series, checkpoints=checkpoints)
+    return episodes.with_episodes(
+        run=run, found=found, series=series, checkpoints=checkpoints, open_flags=open_flags
+    )
 
 
 def _episode_endings(*, run: Run, ended: str) -> dict[str, Ending]:

@@ -40,8 +40,12 @@ def _reference(flag: Flag) -> ep.Reference | None:
     )
 
 
-def _open_episode(run: Run) -> tuple[dict[str, Flag], ep.Reference | None]:
-    flags = {k: f for k, f in selectors.flags_open(run=run).items() if k in EPISODE_KINDS}
+def _open_episode(
+    run: Run, open_flags: dict[str, Flag] | None = None
+) -> tuple[dict[str, Flag], ep.Reference | None]:
+    if open_flags is None:
+        open_flags = selectors.flags_open(run=run)
+    flags = {k: f for k, f in open_flags.items() if k in EPISODE_KINDS}
     refs = [r for r in map(_reference, flags.values()) if r is not None]
     return flags, min(refs, key=lambda r: r.onset_step, default=None)
 
@@ -219,12 +223,18 @@ def _undone_text(episode: dict[str, Any], currency: str) -> str:
 
 
 def with_episodes(
-    *, run: Run, found: list[Condition], series: Series, checkpoints: list[float]
+    *,
+    run: Run,
+    found: list[Condition],
+    series: Series,
+    checkpoints: list[float],
+    open_flags: dict[str, Flag] | None = None,
 ) -> tuple[list[Condition], dict[str, Ending]]:
     """The detectors' loss findings folded into the run's open episode, the episode's open
     flags kept while the loss has not come back (see the module's docstring), and what each
-    open episode flag says if it closes now (for flags_sync's resolutions)."""
-    open_flags, ref = _open_episode(run)
+    open episode flag says if it closes now (for flags_sync's resolutions). `open_flags`: the
+    run's, when the caller has read them already."""
+    open_flags, ref = _open_episode(run, open_flags)
     steps, values = series.steps.astype(float), series.values
     judged: dict[int, ep.Judgement | None] = {}
 

@@ -8,6 +8,7 @@ kind is picked by correlated subqueries that the (run, kind, computed_at) index 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
 from forecasting.conditions import Reading
-from forecasting.estimators import episode_states
+from forecasting.estimators import episode_states, slip
 from forecasting.estimators import formatting as fmt
 from forecasting.estimators import thresholds as th
 from forecasting.models import ConditionReading, Flag, Forecast
@@ -439,3 +440,42 @@ def flag_spans(*, run: Run, kinds: tuple[str, ...]) -> list[FlagSpan]:
         else:
             span.said = row
     return spans
+
+
+def slip_history(*, run: Run, now: datetime) -> list[tuple[datetime, float]]:
+    """The live ETA forecasts the slip detector needs, oldest first (computed at, P50 finish).
+
+    Not the whole window: a run keeps its forecasts in full for a week (~40k ETA rows) and the
+    slip window reaches back 3 days, so reading it cost a forecast more the longer the run was
+    watched (17,280 rows every 15 s on day three). `estimators.slip.detect_slip` reads only the
+    first forecast, the latest, and inside the window the lowest finish (the earliest such) and
+    whether SLIP_MIN_FORECASTS are there: at most six rows, the same answer.
+    """
+    etas = (
+        Forecast.objects.filter(
+            run=run,
+            kind=Forecast.Kind.ETA,
+            computed_at__lte=now,
+            # The detector drops NaN and infinite finishes (NaN sorts above Infinity in
+            # PostgreSQL; SQLite stores it as NULL).
+            finish_p50__gt=-math.inf,
+            finish_p50__lt=math.inf,
+        )
+        .exclude(data__has_key="as_of_history")
+        .values_list("id", "computed_at", "finish_p50")
+    )
+    first = etas.order_by("computed_at", "id").first()
+    last = etas.order_by("-computed_at", "-id").first()
+    if first is None or last is None or last[2] is None:
+        return []
+    length = slip.window_length(first[1].timestamp(), last[2])
+    inside = etas.filter(computed_at__gte=now - timedelta(seconds=length))
+    lowest = inside.order_by("finish_p50", "computed_at", "id").first()
+    latest = list(inside.order_by("-computed_at", "-id")[: th.SLIP_MIN_FORECASTS])
+    # By id: two forecasts may share a second and a finish, and each counts.
+    picked = {row[0]: row for row in (first, last, *latest, lowest) if row is not None}
+    return [
+        (at, float(p50))
+        for _, at, p50 in sorted(picked.values(), key=lambda r: (r[1], r[0]))
+        if p50 is not None
+    ]

@@ -68,10 +68,13 @@ def whatif_eta(eta: EtaForecast, factor: float) -> EtaForecast:
     )
 
 
-def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
+def straggler_finding(
+    *, run: Run, now: datetime, open_flags: dict[str, Flag] | None = None
+) -> StragglerFinding | None:
     """Detect on the recent window, store the STRAGGLER forecast, return the finding (if any).
 
-    Runs whose ranks send no timings cost one indexed query.
+    Runs whose ranks send no timings cost one indexed query. `open_flags`: the run's open
+    flags, when the caller has read them already.
     """
     # From the rollup (folded here first): a few block rows, not every rank's chunks.
     timings = rank_timings.rank_timings_recent(
@@ -97,7 +100,9 @@ def straggler_finding(*, run: Run, now: datetime) -> StragglerFinding | None:
     eta = eta_from(selectors.forecast_latest(run=run, kind=Forecast.Kind.ETA))
     last_step = int(timings.steps[-1])
     top = max(report.stragglers, key=lambda s: s.cost_s, default=None)
-    open_flag = selectors.flags_open(run=run).get(Flag.Kind.STRAGGLER)
+    if open_flags is None:
+        open_flags = selectors.flags_open(run=run)
+    open_flag = open_flags.get(Flag.Kind.STRAGGLER)
     onset = _onset(top, open_flag) if top is not None else None
     data = _data(run=run, report=report, top=top, onset=onset, eta=eta, last_step=last_step)
     data["window"] = [int(timings.steps[0]), last_step]

@@ -30,9 +30,10 @@ class SlipResult:
         return as_json(self)
 
 
-def _window(times: np.ndarray, finishes: np.ndarray) -> float:
-    """Window length: a share of the run's forecast lifetime so far plus what is left."""
-    lifetime = max(0.0, float(finishes[-1]) - float(times[0]))
+def window_length(first_time: float, last_finish: float) -> float:
+    """Window length: a share of the run's forecast lifetime so far plus what is left (from its
+    first forecast's time to its latest P50 finish)."""
+    lifetime = max(0.0, float(last_finish) - float(first_time))
     return min(th.SLIP_WINDOW_MAX_S, max(th.SLIP_WINDOW_MIN_S, th.SLIP_WINDOW_FRACTION * lifetime))
 
 
@@ -44,6 +45,10 @@ def detect_slip(
 ) -> SlipResult | None:
     """Slip over the recent window of kept forecasts, or None with too few of them.
 
+    What it reads of them, and all a caller must pass (forecasting.selectors.slip_history): the
+    first forecast, the latest, and of those inside the window the one with the earliest
+    lowest finish and enough of the latest to tell SLIP_MIN_FORECASTS are there.
+
     The explanation holds its times as stamps: each reader writes them in its own zone (the
     clock rule, docs/alerts.md), to the second when the slip or the time left is short."""
     t = np.asarray(forecast_times, dtype=float)
@@ -54,7 +59,7 @@ def detect_slip(
         return None
     order = np.argsort(t, kind="stable")
     t, f = t[order], f[order]
-    window = _window(t, f)
+    window = window_length(t[0], f[-1])
     inside = t >= now - window
     if inside.sum() < th.SLIP_MIN_FORECASTS:
         return None
