@@ -14,6 +14,7 @@ points first, as a live run's would; the median of `--repeat` computations per r
 
     .venv/bin/python bench/capacity.py                       # 10k, 100k, 1M points per key
     .venv/bin/python bench/capacity.py --sizes 50000 --runs 5
+    .venv/bin/python bench/capacity.py --sizes 10000 --runs 1 --watched-days 3   # watched 3 days
 
 Needs PostgreSQL (BENCH_PG_URL); the database is BENCH_DB (default runcast_capacity), dropped
 at the end. The last line is one JSON object.
@@ -108,6 +109,30 @@ def build_run(project: Any, name: str, points: int, curve: Any) -> Any:
     return run, (loss, lr, grad)
 
 
+def watched(run: Any, points: int, days: float) -> None:
+    """The ETA forecasts a live run watched for `days` has stored by now, one per CADENCE_S
+    (retention keeps a week in full): what a forecast that reads its own history pays for."""
+    from datetime import UTC, datetime
+
+    from forecasting.models import Forecast
+
+    end = T0 + points  # the run's clock: a step a second
+    n = int(days * 86400 / CADENCE_S)
+    rows = (
+        Forecast(
+            run=run,
+            kind=Forecast.Kind.ETA,
+            computed_at=datetime.fromtimestamp(end - (n - i) * CADENCE_S, tz=UTC),
+            segment=1,
+            input_last_step=-(n - i),  # before the timed forecasts' own steps
+            finish_p50=end + 2 * points + 0.01 * i,
+            data={},
+        )
+        for i in range(n)
+    )
+    Forecast.objects.bulk_create(rows, batch_size=5000)
+
+
 def db_backend_cpu() -> float:
     """CPU seconds the PostgreSQL backend serving this process has used (same machine)."""
     from django.db import connection
@@ -180,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per size")
     parser.add_argument("--repeat", type=int, default=4, help="timed computations per run")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument(
+        "--watched-days",
+        type=float,
+        default=0.0,
+        help="give each run the ETA forecasts of this many days of being watched (one per 15 s)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     curves = real_curves(args.data)
@@ -201,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 pick += 1
                 harness.log(f"{points:,} points per key: run {r + 1}/{args.runs}")
                 run, arrays = build_run(project, f"n{points}-{r}", points, curve)
+                if args.watched_days > 0:
+                    watched(run, points, args.watched_days)
                 timings.append(time_run(run, arrays, points, args.repeat))
 
             def med(name: str, timings: list[dict[str, float]] = timings) -> float:
@@ -245,7 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         " liveness check), from the wall clock here and from the CPU it used (a core of its own)"
     )
     print(f"  load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(json.dumps({"rows": rows, "runs_per_size": args.runs, "curves": len(curves)}))
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "runs_per_size": args.runs,
+                "curves": len(curves),
+                "watched_days": args.watched_days,
+            }
+        )
+    )
     return 0
 
 
