@@ -18,7 +18,7 @@ from alerts.models import Channel, Digest
 from forecasting import inputs
 from forecasting.models import ConditionReading, Forecast, ServerClock
 from tests.alerts.fixtures import flag_raise
-from tracker import invitations
+from tracker import invitations, rank_timings
 from tracker.admin import ReadOnlyAdmin
 from tracker.models import ApiToken, GpuEpisode, Host, Invitation, Membership, Project, Run
 from tracker.project_settings.services import deadline_create
@@ -37,6 +37,8 @@ READ_ONLY = {
     "tracker.ingestbatch",
     "tracker.metricchunk",
     "tracker.ranktimingchunk",
+    "tracker.ranktimingrollup",
+    "tracker.ranktimingblock",
     "tracker.event",
     "tracker.host",
     "tracker.hostbatch",
@@ -86,6 +88,7 @@ def data(
         "compute_s": [0.5, 0.6],
     }
     assert api("POST", "/runs/r1/timings", write_token, timings).status_code == 200
+    rank_timings.rank_rollup_fold(run=run)  # the straggler forecast's blocks
     # GPU telemetry: a host, an agent batch describing a process, an episode.
     assert api("POST", "/hosts", write_token, {"host": "n1", "session": "a"}).status_code == 201
     host_batch = {

@@ -30,7 +30,9 @@ from tracker.models import (
     Membership,
     MetricChunk,
     Project,
+    RankTimingBlock,
     RankTimingChunk,
+    RankTimingRollup,
     Run,
     RunProcess,
     RunSegment,
@@ -238,6 +240,23 @@ class IngestBatchAdmin(ReadOnlyAdmin):
     date_hierarchy = "received_at"
     list_select_related = ("run",)
     show_full_result_count = False  # a COUNT over millions of batches per page view is slow
+
+
+@admin.register(RankTimingRollup)
+class RankTimingRollupAdmin(ReadOnlyAdmin):
+    list_display = ("run", "through_id", "top_step", "floor_step")
+    search_fields = ("run__public_id",)
+    list_select_related = ("run",)
+
+
+@admin.register(RankTimingBlock)
+class RankTimingBlockAdmin(ReadOnlyAdmin):
+    list_display = ("run", "lo")
+    search_fields = ("run__public_id",)
+    list_select_related = ("run",)
+    show_full_result_count = False
+    # The packed matrices are binary: the block's first step and its run say what it holds.
+    fields = ("run", "lo", "hosts")
 
 
 @admin.register(RankTimingChunk)
