@@ -481,7 +481,12 @@ def _fold(run: Run, rows: list[tuple], floor: int) -> None:
 
 def rank_timings_recent(*, run: Run, last_steps: int) -> RankTimings:
     """Every rank's timings over the last `last_steps` steps reported, from the rollup (folded
-    first): `rank_timings_window(run=run, last_steps=last_steps)` without its row bound."""
+    first): `rank_timings_window(run=run, last_steps=last_steps)` without its row bound.
+
+    A run whose ranks send no timings (most) costs one indexed query and gets no rollup row:
+    every forecast of every run asks."""
+    if not has_rank_timings(run=run):
+        return RankTimings.nothing()
     state = rank_rollup_fold(run=run)
     top = state.top_step
     if top is None:

@@ -126,6 +126,17 @@ def test_a_resent_step_keeps_the_value_the_raw_read_keeps(project):
     check(run)
 
 
+def test_a_run_without_rank_timings_costs_one_query_and_no_rollup(
+    project, django_assert_num_queries
+):
+    run = make_run(project)
+    with django_assert_num_queries(1):
+        assert rank_timings_recent(run=run, last_steps=2_000).empty
+    assert not RankTimingRollup.objects.filter(run=run).exists()
+    send(run, 0, range(0, 20))
+    assert not check(run).empty  # from its first chunk on, the rollup serves it
+
+
 def test_a_late_rank_and_a_new_rank_land_in_folded_blocks(project):
     run = make_run(project)
     batches(run, range(5), 0, 200)
