@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client"))
 sys.path.insert(0, str(ROOT))
 
-from runcast import transport  # noqa: E402
 from runcast.batcher import Batcher  # noqa: E402
 
 from bench import ranks_ingest  # noqa: E402
@@ -43,6 +39,7 @@ from bench.harness import (  # noqa: E402
     TreeRss,
     free_port,
     log,
+    post_on_schedule,
     recreate_db,
     start_group,
     stop_group,
@@ -98,42 +95,21 @@ def load(
         for run in range(runs)
         for k in range(sends)
     )
-    bodies = {(run, seq): body_for(run, seq, interval) for _, run, seq in schedule}
-    latencies: list[float] = []
-    behind: list[float] = []
-    errors: list[int] = []
-    lock = threading.Lock()
-    start = time.time() + 0.5
-
-    def send(item: tuple[float, int, int]) -> None:
-        at, run, seq = item
-        wait = start + at - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        t0 = time.time()
-        target = f"{url}/api/v1/runs/fleet-{run}/batches"
-        status, _, _ = transport.post_json(target, bodies[(run, seq)], token, 30.0)
-        t1 = time.time()
-        with lock:
-            latencies.append(t1 - t0)
-            behind.append(max(0.0, t0 - (start + at)))
-            if status != 200:
-                errors.append(status)
-
-    began = time.time()
-    with ThreadPoolExecutor(max_workers=64) as pool:
-        list(pool.map(send, schedule))
-    wall = time.time() - max(began, start)
-    latencies.sort()
+    posted = post_on_schedule(
+        [
+            (at, f"{url}/api/v1/runs/fleet-{run}/batches", body_for(run, seq, interval))
+            for at, run, seq in schedule
+        ],
+        token,
+        workers=64,
+    )
+    errors = sum(1 for status, _ in posted.answers if status != 200)
     return {
         "batches": len(schedule),
-        "errors": len(errors),
-        "wall_s": wall,
+        "errors": errors,
         "offered_per_s": runs / interval,
-        "acked_per_s": (len(schedule) - len(errors)) / max(wall, 1e-9),
-        "latency_p50_ms": 1000 * statistics.median(latencies),
-        "latency_p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
-        "max_behind_s": max(behind),
+        "acked_per_s": (len(schedule) - errors) / max(posted.wall_s, 1e-9),
+        **posted.summary(),
     }
 
 

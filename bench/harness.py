@@ -372,3 +372,56 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class Posted:
+    """What a scheduled load got: per request (in schedule order of completion) its latency,
+    how late it left against its schedule, and the server's (status, answer)."""
+
+    latencies: list[float]
+    behind: list[float]
+    answers: list[tuple[int, dict[str, Any]]]
+    wall_s: float
+
+    def summary(self) -> dict[str, float]:
+        ordered = sorted(self.latencies)
+        return {
+            "wall_s": self.wall_s,
+            "latency_p50_ms": 1000 * statistics.median(ordered),
+            "latency_p99_ms": 1000 * ordered[int(0.99 * (len(ordered) - 1))],
+            "max_behind_s": max(self.behind),
+        }
+
+
+def post_on_schedule(
+    schedule: list[tuple[float, str, bytes]], token: str, *, workers: int
+) -> Posted:
+    """POST each (seconds after the start, url, body) at its time through the client's HTTP
+    seam (runcast.transport), from a pool of `workers` threads, as independent clients would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runcast import transport
+
+    out = Posted([], [], [], 0.0)
+    lock = threading.Lock()
+    start = time.time() + 0.5
+
+    def send(item: tuple[float, str, bytes]) -> None:
+        at, url, body = item
+        wait = start + at - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        t0 = time.time()
+        status, payload, _ = transport.post_json(url, body, token, 30.0)
+        t1 = time.time()
+        with lock:
+            out.latencies.append(t1 - t0)
+            out.behind.append(max(0.0, t0 - (start + at)))
+            out.answers.append((status, payload if isinstance(payload, dict) else {}))
+
+    began = time.time()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(send, sorted(schedule, key=lambda item: item[0])))
+    out.wall_s = time.time() - max(began, start)
+    return out

@@ -26,12 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -42,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "client"))
 sys.path.insert(0, str(ROOT))
 
-from runcast import transport  # noqa: E402
 from runcast.timing import TimingBatcher  # noqa: E402
 
 from bench.harness import (  # noqa: E402
@@ -54,6 +50,7 @@ from bench.harness import (  # noqa: E402
     TreeRss,
     free_port,
     log,
+    post_on_schedule,
     recreate_db,
     start_group,
     stop_group,
@@ -204,51 +201,29 @@ def load(
         while offset + k * interval < seconds:
             schedule.append((offset + k * interval, rank, k))
             k += 1
-    schedule.sort()
-    latencies: list[float] = []
-    behind: list[float] = []
-    errors: list[int] = []
-    acked = [0]
-    lock = threading.Lock()
     steps_per = int(interval)
-    bodies = {}
     slow_rank = min(17, ranks - 1)
-    for _, rank, k in schedule:
-        slow = rank == slow_rank
-        bodies[(rank, k)] = body_for(tag, rank, k + 1, 2_000 + k * steps_per, steps_per, slow)
-    start = time.time() + 0.5
-
-    def send(item: tuple[float, int, int]) -> None:
-        at, rank, k = item
-        wait = start + at - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        t0 = time.time()
-        status, payload, _ = transport.post_json(target, bodies[(rank, k)], token, 30.0)
-        t1 = time.time()
-        with lock:
-            latencies.append(t1 - t0)
-            behind.append(max(0.0, t0 - (start + at)))
-            if status == 200:
-                acked[0] += int(payload.get("accepted", 0))
-            else:
-                errors.append(status)
-
-    began = time.time()
-    with ThreadPoolExecutor(max_workers=48) as pool:
-        list(pool.map(send, schedule))
-    wall = time.time() - max(began, start)
-    latencies.sort()
+    posted = post_on_schedule(
+        [
+            (
+                at,
+                target,
+                body_for(tag, rank, k + 1, 2_000 + k * steps_per, steps_per, rank == slow_rank),
+            )
+            for at, rank, k in schedule
+        ],
+        token,
+        workers=48,
+    )
+    ok = [answer for status, answer in posted.answers if status == 200]
+    rank_steps = sum(int(answer.get("accepted", 0)) for answer in ok)
     return {
         "requests": len(schedule),
-        "errors": len(errors),
-        "rank_steps": acked[0],
-        "wall_s": wall,
+        "errors": len(posted.answers) - len(ok),
+        "rank_steps": rank_steps,
         "offered_per_s": ranks,
-        "acked_per_s": acked[0] / max(wall, 1e-9),
-        "latency_p50_ms": 1000 * statistics.median(latencies),
-        "latency_p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
-        "max_behind_s": max(behind),
+        "acked_per_s": rank_steps / max(posted.wall_s, 1e-9),
+        **posted.summary(),
     }
 
 
